@@ -1,0 +1,1 @@
+"""Uncertainty metrics, ArviZ diagnostics, plots and result tables."""

@@ -1,0 +1,85 @@
+"""Bayesian attention: scores -> (stochastic) normalized attention weights.
+
+One module, written against an :class:`~bam_pyro.axes.AttentionAxis`, serves dense and sparse
+attention. Given scores ``f(Q, K)`` and the keys:
+
+    Phi = log(softmax(scores) + 1e-20)                 normalized log-scores (reference code)
+    S ~ q(S | Phi)  with  E[S] = exp(Phi)              Weibull or Lognormal
+    W = softmax(log S)                                 normalized in log space
+    prior: S ~ p(S | Psi),  Psi = softmax(F2(relu(F1(K))))   (contextual) or fixed
+
+Which S is used depends on where the layer runs:
+
+- inside a Pyro model (:func:`~bam_pyro.sites.attention_sites`): S is a sample site with the
+  prior; the guide replaces it with q (one shared forward pass). ``nokl`` has no prior, so its
+  S is drawn from q as plain noise of the network;
+- outside Pyro: in training mode S ~ q; in eval mode the point prediction substitutes S by its
+  mean exp(Phi), which is exactly softmax attention, unless sampling is requested with
+  :func:`~bam_pyro.sites.attention_sampling`.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from .axes import AttentionAxis, log_normalized
+from .config import BamConfig
+from .distributions import prior_distribution, variational_distribution
+from .prior import ContextualPrior
+from .sites import AttentionSiteInfo, active_sites, sampling_requested
+
+_TINY = torch.finfo(torch.float32).tiny
+
+
+class BayesianAttention(nn.Module):
+    """Turns attention scores into attention weights, stochastic as ``config`` says.
+
+    ``num_heads`` and ``key_dim`` size the contextual prior network (unused otherwise).
+    ``site_name`` names the Pyro sample site; :class:`~bam_pyro.model.BamModel` sets it to the
+    module's qualified name.
+    """
+
+    def __init__(self, config: BamConfig, num_heads: int, key_dim: int, site_name: str = "attention") -> None:
+        super().__init__()
+        self.config = config
+        self.site_name = site_name
+        self.prior_net = (
+            ContextualPrior(num_heads, key_dim, config.d_mid) if config.prior == "contextual" else None
+        )
+
+    def forward(self, scores: Tensor, keys: Optional[Tensor], axis: AttentionAxis) -> Tensor:
+        """``scores``: entries laid out as ``axis`` expects; ``keys``: ``[..., keys, heads, key_dim]``
+        (only read by the contextual prior). Returns normalized weights shaped like ``scores``."""
+        config = self.config
+        if not config.stochastic:
+            return axis.softmax(scores)
+        phi = log_normalized(axis, scores)
+        sites = active_sites()
+        if sites is not None and config.prior is not None:
+            name = sites.site_name(self.site_name)
+            info = AttentionSiteInfo(phi, config, axis.mask, axis.event_dim)
+            s = sites.sample(name, self.prior(phi, keys, axis), info, axis)
+            weights = axis.softmax(s.clamp_min(_TINY).log())
+            sites.record(name, weights, axis.event_dim)
+            return weights
+        requested = sampling_requested()
+        if sites is not None or (self.training if requested is None else requested):
+            s = variational_distribution(phi, config).rsample()
+            return axis.softmax(s.clamp_min(_TINY).log())
+        return axis.softmax(phi)  # E_q[S] = exp(Phi): the posterior-mean point prediction
+
+    def prior(self, phi: Tensor, keys: Optional[Tensor], axis: AttentionAxis):
+        """p(S | keys), element-wise over the entries of ``phi``."""
+        log_psi = None
+        if self.prior_net is not None:
+            if keys is None:
+                raise ValueError("the contextual prior (lc, wc) needs the keys; got keys=None")
+            log_psi = log_normalized(axis, axis.spread(self.prior_net(keys)))
+        return prior_distribution(log_psi, self.config, phi.shape, phi)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return f"variant={c.variant}, site={self.site_name!r}"

@@ -1,0 +1,107 @@
+"""Where the keys of each query are: the one thing dense and sparse attention do differently.
+
+An *attention axis* normalizes per-entry values over the keys of each query, spreads per-key
+values onto entries, and says which entries are valid. ``BayesianAttention`` is written once
+against this interface:
+
+- :class:`DenseKeys`: entries ``[..., heads, queries, keys]`` with an optional boolean mask of
+  valid keys (padding), broadcastable to the entries.
+- :class:`EdgeKeys`: entries ``[..., edges, heads]`` over a PyG ``edge_index`` (row 0 = source
+  = key, row 1 = target = query); normalization runs over each target's incoming edges, so memory
+  is linear in the number of edges.
+
+Any leading dimensions (posterior samples, particles, batches) broadcast through both.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol
+
+import torch
+from torch import Tensor
+from torch_geometric.utils import softmax as segment_softmax
+
+#: The reference code's floor inside ``log(softmax + eps)``: keeps Phi >= log(1e-20), finite
+#: also on masked entries, which Pyro masks with ``torch.where`` (an inf there poisons gradients).
+LOG_FLOOR = 1e-20
+
+
+class AttentionAxis(Protocol):
+    #: number of trailing dimensions that make up one attention map (the Pyro event dims)
+    event_dim: int
+    #: boolean tensor of valid entries (broadcastable to the entries), or None if all are valid
+    mask: Optional[Tensor]
+
+    def softmax(self, values: Tensor) -> Tensor:
+        """Normalize per-entry values over each query's keys."""
+
+    def spread(self, per_key: Tensor) -> Tensor:
+        """Map per-key values ``[..., keys, heads]`` onto the entries."""
+
+    def num_valid(self, entries: Tensor) -> int:
+        """Number of valid entries in one attention map of ``entries`` (no sample dims)."""
+
+
+def log_normalized(axis: AttentionAxis, values: Tensor) -> Tensor:
+    """``log(softmax(values) + 1e-20)`` over each query's keys: finite everywhere."""
+    return torch.log(axis.softmax(values) + LOG_FLOOR)
+
+
+class DenseKeys:
+    """Keys along the last dimension of ``[*batch, heads, queries, keys]`` entries.
+
+    ``mask`` (True = valid key) broadcasts to the entries and carries the data-batch dims; without
+    a mask, pass ``batch_shape`` so that the entries of a batch can be counted.
+    """
+
+    event_dim = 3
+
+    def __init__(self, mask: Optional[Tensor] = None, batch_shape: torch.Size = torch.Size()) -> None:
+        if mask is not None:
+            if mask.dtype != torch.bool:
+                raise TypeError(f"attention mask must be boolean (True = valid key), got {mask.dtype}")
+            if mask.dim() < 3:
+                raise ValueError(
+                    "attention mask must broadcast to [..., heads, queries, keys] "
+                    f"(at least 3 dims), got shape {tuple(mask.shape)}"
+                )
+            batch_shape = mask.shape[:-3]
+        self.mask = mask
+        self.batch_shape = torch.Size(batch_shape)
+
+    def softmax(self, values: Tensor) -> Tensor:
+        if self.mask is not None:
+            values = values.masked_fill(~self.mask, torch.finfo(values.dtype).min)
+        return values.softmax(dim=-1)
+
+    def spread(self, per_key: Tensor) -> Tensor:
+        # [..., keys, heads] -> [..., heads, 1, keys]: one value per key, shared by all queries
+        return per_key.transpose(-1, -2).unsqueeze(-2)
+
+    def num_valid(self, entries: Tensor) -> int:
+        map_shape = entries.shape[-3:]
+        if self.mask is None:
+            return self.batch_shape.numel() * map_shape.numel()
+        return int(self.mask.expand(self.batch_shape + map_shape).sum())
+
+
+class EdgeKeys:
+    """Keys are the sources of each target's incoming edges in a PyG ``edge_index``."""
+
+    event_dim = 2
+    mask = None
+
+    def __init__(self, edge_index: Tensor, num_nodes: int) -> None:
+        if edge_index.dim() != 2 or edge_index.size(0) != 2:
+            raise ValueError(f"edge_index must have shape [2, num_edges], got {tuple(edge_index.shape)}")
+        self.source, self.target = edge_index[0], edge_index[1]
+        self.num_nodes = num_nodes
+
+    def softmax(self, values: Tensor) -> Tensor:
+        return segment_softmax(values, self.target, num_nodes=self.num_nodes, dim=-2)
+
+    def spread(self, per_key: Tensor) -> Tensor:
+        return per_key.index_select(-2, self.source)
+
+    def num_valid(self, entries: Tensor) -> int:
+        return entries.shape[-2:].numel()

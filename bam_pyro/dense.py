@@ -1,0 +1,63 @@
+"""Dense multi-head Bayesian attention over ``[batch, length, features]`` inputs."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from .attention import BayesianAttention
+from .axes import DenseKeys
+from .config import BamConfig
+from .scoring import make_score
+
+
+class MultiHeadBayesianAttention(nn.Module):
+    """Multi-head attention whose weights are Bayesian attention (self or cross attention).
+
+    ``query``: ``[..., Lq, d_model]``; ``key``/``value``: ``[..., Lk, d_model]``;
+    ``key_padding_mask``: ``[..., Lk]`` boolean, True for valid keys. Returns ``[..., Lq, d_model]``
+    and the attention weights ``[..., heads, Lq, Lk]``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        config: BamConfig,
+        score: str = "scaled_dot",
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        self.num_heads, self.head_dim = num_heads, d_model // num_heads
+        self.query_proj = nn.Linear(d_model, d_model)
+        self.key_proj = nn.Linear(d_model, d_model)
+        self.value_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.score = make_score(score, num_heads, self.head_dim)
+        self.attention = BayesianAttention(config, num_heads, self.head_dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def _heads(self, x: Tensor) -> Tensor:  # [..., L, d_model] -> [..., H, L, d]
+        return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(-2, -3)
+
+    def forward(
+        self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor] = None
+    ) -> tuple[Tensor, Tensor]:
+        if key.shape[:-1] != value.shape[:-1]:
+            raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} differ in length")
+        q, k, v = self._heads(self.query_proj(query)), self._heads(self.key_proj(key)), self._heads(self.value_proj(value))
+        mask = None
+        if key_padding_mask is not None:
+            if key_padding_mask.shape[-1] != key.shape[-2]:
+                raise ValueError(
+                    f"key_padding_mask has {key_padding_mask.shape[-1]} keys, key has {key.shape[-2]}"
+                )
+            mask = key_padding_mask[..., None, None, :]
+        axis = DenseKeys(mask, batch_shape=key.shape[:-2])
+        weights = self.attention(self.score(q, k), k.transpose(-2, -3), axis)
+        out = self.dropout(weights) @ v  # [..., H, Lq, d]
+        return self.out_proj(out.transpose(-2, -3).flatten(-2)), weights

@@ -1,0 +1,72 @@
+"""The Pyro model of a network with Bayesian attention: attention priors, then the likelihood.
+
+    for each attention call l:  S_l ~ p(S_l | keys_l)            (sites declared by the layers)
+    y ~ p(y | x, S)                                               (declared by the task)
+
+A task subclasses :class:`BamModel` and writes :meth:`BamModel.likelihood`; the guide is
+:class:`guides.AttentionGuide` (``guide = AttentionGuide(bam_model.model)``). Train with
+``pyro.infer.TraceMeanField_ELBO`` so that each site's KL is analytic, given the samples of the
+layers below it (the paper's semi-analytic KL).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro import poutine
+from torch import Tensor, nn
+
+from .attention import BayesianAttention
+from .config import ObjectiveConfig
+from .sites import attention_sites
+
+
+class BamModel(nn.Module):
+    """Base class of the Pyro models of every task.
+
+    ``network(*inputs)`` is the task's neural network (its attention layers are
+    :class:`BayesianAttention`); ``objective`` fixes the reduction, the KL weight and the
+    annealing. ``step`` (a buffer, saved with the model) is the SVI step t of the annealing
+    ``lambda_t = sigmoid(t * rho)``; the training loop advances it.
+
+    ``num_sites`` is the number of attention sites per pass, L in the mean reduction; by default
+    the number of attention modules with a prior. A model that calls one module several times
+    (ALBERT's shared layer) sets it to the number of calls.
+    """
+
+    def __init__(self, network: nn.Module, objective: ObjectiveConfig) -> None:
+        super().__init__()
+        self.network = network
+        self.objective = objective
+        self.register_buffer("step", torch.zeros((), dtype=torch.long))
+        self.record_attention = False
+        layers = [(n, m) for n, m in network.named_modules() if isinstance(m, BayesianAttention)]
+        for name, layer in layers:
+            layer.site_name = name
+        self.num_sites = sum(layer.config.prior is not None for _, layer in layers)
+
+    def kl_scale(self) -> float:
+        """lambda_t * kl_weight, the weight of the KL term at the current step."""
+        return self.objective.kl_weight * self.objective.kl_annealing(int(self.step))
+
+    def model(self, *inputs: Any, **targets: Any) -> Any:
+        mean_over = self.num_sites if self.objective.reduction == "mean" else None
+        with attention_sites(self.kl_scale(), mean_over, self.record_attention):
+            outputs = self.network(*inputs)
+        self.likelihood(outputs, **targets)
+        return outputs
+
+    def likelihood(self, outputs: Any, **targets: Any) -> None:
+        """Declare the observed sites given the network's outputs (task-specific)."""
+        raise NotImplementedError
+
+    def observe(self, name: str, fn: dist.TorchDistribution, obs: Optional[Tensor]) -> Tensor:
+        """An observed site over a plate of data points (the last batch dim of ``fn``), scaled by
+        1/n under the ``mean`` reduction."""
+        n = fn.batch_shape[-1]
+        scale = 1.0 / n if self.objective.reduction == "mean" else 1.0
+        with pyro.plate(f"{name}_data", n, dim=-1), poutine.scale(scale=scale):
+            return pyro.sample(name, fn, obs=obs)

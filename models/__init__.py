@@ -1,0 +1,1 @@
+"""Task models built on bam_pyro."""
