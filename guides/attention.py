@@ -19,9 +19,10 @@ from bam_pyro.sites import SITE_INFO, AttentionSiteInfo
 
 
 class AttentionGuide(GuideMessenger):
-    """Guide for a model whose latent sites are all Bayesian attention sites.
+    """Guide for the Bayesian attention sites of a model.
 
-    Use it as any guide: ``TraceMeanField_ELBO().differentiable_loss(model, guide, *args)`` or
+    Every other latent site is drawn from the model itself: in posterior prediction that is
+    exactly what an unobserved target needs (``y ~ p(y | x, S)`` with S from q). Use it as any guide: ``TraceMeanField_ELBO().differentiable_loss(model, guide, *args)`` or
     ``Predictive(model, guide=guide, ...)``; calling it runs the model under the guide and returns
     every site's value.
     """
@@ -35,8 +36,5 @@ class AttentionGuide(GuideMessenger):
     def get_posterior(self, name: str, prior: dist.TorchDistribution) -> dist.TorchDistribution:
         site = self._site
         if site is None:
-            raise ValueError(
-                f"latent site {name!r} is not a Bayesian attention site; AttentionGuide only "
-                "provides q(S | Phi) for sites declared by bam_pyro.BayesianAttention"
-            )
+            return prior
         return site.as_site_distribution(variational_distribution(site.phi, site.config))

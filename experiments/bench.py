@@ -1,0 +1,30 @@
+"""Benchmarks that print their figures as one JSON line.
+
+    python -m experiments.bench gat [--nodes N --edges E]   training step: PyG GATConv vs soft vs BAM-WC
+    python -m experiments.bench predictive                  posterior samples of a trained BAM-WC GAT
+    python -m experiments.bench bert                        finetuning step: soft vs BAM-WC MiniLM
+
+Ratios compare against a baseline measured in the same run, on this machine.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHMARKS = {
+    "gat": "experiments.benchmarks.gat",
+    "predictive": "experiments.benchmarks.predictive",
+    "bert": "experiments.benchmarks.bert",
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in BENCHMARKS:
+        raise SystemExit(f"usage: python -m experiments.bench {{{','.join(BENCHMARKS)}}} [options]")
+    importlib.import_module(BENCHMARKS[argv[0]]).main(argv[1:])
+
+
+if __name__ == "__main__":
+    main()

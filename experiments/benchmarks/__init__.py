@@ -1,0 +1,1 @@
+"""One module per benchmark; each has ``main(argv)`` printing one JSON line."""
