@@ -1,0 +1,39 @@
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import bam_pyro  # noqa: F401  (registers the KLs)
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_threads():
+    torch.manual_seed(0)
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(scope="session")
+def data_root() -> Path:
+    root = Path(os.environ.get("BAM_DATA", SHARED_DATA))
+    if not (root / "planetoid" / "Cora" / "raw").is_dir():
+        pytest.fail(f"test data not found under {root}; set BAM_DATA to the data root")
+    return root
+
+
+@pytest.fixture(scope="session")
+def cora(data_root):
+    from experiments.planetoid import load_planetoid
+
+    return load_planetoid("cora", data_root)
+
+
+def random_graph(num_nodes: int = 30, num_edges: int = 90, num_features: int = 12, seed: int = 0):
+    """A small random directed graph with features and 3 classes."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_nodes, num_features, generator=g)
+    edge_index = torch.randint(0, num_nodes, (2, num_edges), generator=g)
+    y = torch.randint(0, 3, (num_nodes,), generator=g)
+    return x, edge_index, y

@@ -1,0 +1,135 @@
+"""Bayesian attention: simplex rows, masks, the posterior-mean rule, the k -> inf limit, and
+finite gradients of the whole SVI loss at the paper's extreme hyperparameters."""
+
+import pytest
+import torch
+from pyro.infer import TraceMeanField_ELBO
+
+from bam_pyro import (
+    BamConfig,
+    BayesianAttention,
+    DenseKeys,
+    EdgeKeys,
+    MultiHeadBayesianAttention,
+    ObjectiveConfig,
+    attention_sampling,
+    variational_distribution,
+)
+from bam_pyro.axes import log_normalized
+from experiments.gat import PRESETS
+from guides import AttentionGuide
+from models.gat import build_node_classifier
+
+from .conftest import random_graph
+
+VARIANTS = ["soft", "nokl", "lf", "lc", "wf", "wc"]
+
+
+def dense_inputs(batch=2, heads=3, queries=4, keys=6, dim=5):
+    scores = torch.randn(batch, heads, queries, keys) * 3
+    key_vectors = torch.randn(batch, keys, heads, dim)
+    mask = torch.ones(batch, 1, 1, keys, dtype=torch.bool)
+    mask[0, ..., 4:] = False  # first example: last two keys are padding
+    return scores, key_vectors, mask
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("sampling", [False, True])
+def test_dense_rows_on_simplex_and_padding_gets_zero_weight(variant, sampling):
+    scores, keys, mask = dense_inputs()
+    layer = BayesianAttention(BamConfig(variant, k=1.0, sigma_q=1.0), num_heads=3, key_dim=5)
+    with attention_sampling(sampling):
+        w = layer(scores, keys, DenseKeys(mask))
+    assert w.shape == scores.shape
+    assert torch.allclose(w.sum(-1), torch.ones(()), atol=1e-5)
+    assert (w[0, ..., 4:] == 0).all()
+    assert (w[0, ..., :4] > 0).all()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_sparse_rows_sum_to_one_over_each_neighbourhood(variant):
+    num_nodes, heads = 7, 2
+    edge_index = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 1, 2], [1, 1, 1, 2, 2, 3, 0, 0, 0]])
+    scores = torch.randn(edge_index.size(1), heads)
+    keys = torch.randn(num_nodes, heads, 4)
+    layer = BayesianAttention(BamConfig(variant), heads, 4)
+    with attention_sampling(True):
+        w = layer(scores, keys, EdgeKeys(edge_index, num_nodes))
+    sums = torch.zeros(num_nodes, heads).index_add_(0, edge_index[1], w)
+    has_in_edges = torch.zeros(num_nodes, dtype=torch.bool)
+    has_in_edges[edge_index[1]] = True
+    assert torch.allclose(sums[has_in_edges], torch.ones(()), atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["nokl", "lf", "lc", "wf", "wc"])
+def test_eval_point_prediction_is_normalized_posterior_mean_and_equals_softmax(variant):
+    scores, keys, mask = dense_inputs()
+    layer = BayesianAttention(BamConfig(variant, k=1.0, sigma_q=0.7), 3, 5).eval()
+    axis = DenseKeys(mask)
+    w = layer(scores, keys, axis)
+    mean_s = variational_distribution(log_normalized(axis, scores), layer.config).mean * mask
+    assert torch.allclose(w, mean_s / mean_s.sum(-1, keepdim=True), atol=1e-6)
+    soft = BayesianAttention(BamConfig("soft"), 3, 5)(scores, keys, axis)
+    assert torch.allclose(w, soft, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant, param", [("wf", dict(k=1e5)), ("lf", dict(sigma_q=1e-5))])
+def test_samples_approach_softmax_as_noise_vanishes(variant, param):
+    scores, keys, mask = dense_inputs()
+    layer = BayesianAttention(BamConfig(variant, **param), 3, 5)
+    soft = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    with attention_sampling(True):
+        w = layer(scores, keys, DenseKeys(mask))
+    assert torch.allclose(w, soft, atol=1e-3)
+    noisy = BayesianAttention(BamConfig(variant, k=1.0, sigma_q=1.0), 3, 5)
+    with attention_sampling(True):
+        assert not torch.allclose(noisy(scores, keys, DenseKeys(mask)), soft, atol=1e-2)
+
+
+def test_padding_changes_nothing_in_dense_module_outputs():
+    torch.manual_seed(1)
+    attn = MultiHeadBayesianAttention(d_model=12, num_heads=3, config=BamConfig("wc"), score="scaled_dot").eval()
+    x = torch.randn(1, 5, 12)
+    valid = torch.tensor([[True, True, True, False, False]])
+    out, w = attn(x, x, x, key_padding_mask=valid)
+    x2 = x.clone()
+    x2[:, 3:] = torch.randn(1, 2, 12) * 100  # garbage in the padded positions
+    out2, _ = attn(x2, x2, x2, key_padding_mask=valid)
+    assert torch.allclose(out[:, :3], out2[:, :3], atol=1e-5)
+    assert (w[..., 3:] == 0).all()
+
+
+@pytest.mark.parametrize("score", ["dot", "scaled_dot", "bilinear", "additive"])
+def test_every_score_function_gives_attention_maps(score):
+    attn = MultiHeadBayesianAttention(d_model=8, num_heads=2, config=BamConfig("wc"), score=score)
+    out, w = attn(torch.randn(3, 4, 8), torch.randn(3, 6, 8), torch.randn(3, 6, 8))
+    assert out.shape == (3, 4, 8) and w.shape == (3, 2, 4, 6)
+
+
+EXTREMES = [(dataset, variant, params) for dataset, by_variant in PRESETS.items() for variant, params in by_variant.items()]
+
+
+@pytest.mark.parametrize("dataset, variant, params", EXTREMES, ids=[f"{d}-{v}" for d, v, _ in EXTREMES])
+def test_svi_gradients_finite_at_paper_hyperparameters(dataset, variant, params):
+    x, edge_index, y = random_graph()
+    config = BamConfig(variant, **{k: v for k, v in params.items() if k != "rho"})
+    model = build_node_classifier(x.size(1), 3, config, ObjectiveConfig(kl_weight=10.0, anneal_rate=params.get("rho")))
+    guide = AttentionGuide(model.model)
+    for _ in range(3):
+        loss = TraceMeanField_ELBO().differentiable_loss(model.model, guide, x, edge_index, y=y)
+        model.zero_grad()
+        loss.backward()
+        assert torch.isfinite(loss)
+        for name, p in model.named_parameters():
+            assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.01 * p.grad
+
+
+def test_contextual_prior_needs_keys():
+    layer = BayesianAttention(BamConfig("wc"), 2, 4)
+    from bam_pyro import attention_sites
+
+    with attention_sites(), pytest.raises(ValueError, match="needs the keys"):
+        layer(torch.randn(1, 2, 3, 3), None, DenseKeys())

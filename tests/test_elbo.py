@@ -1,0 +1,151 @@
+"""The Pyro plumbing: TraceMeanField_ELBO takes the analytic KL path and its loss equals
+``-loglik + lambda * KL`` computed by hand; one network forward pass per SVI step; the model
+runs alone; annealing and the mean reduction scale the KL as documented."""
+
+import math
+
+import pyro
+import pytest
+import torch
+from pyro.infer import Predictive, TraceMeanField_ELBO
+from torch.distributions import Gamma, Weibull
+from torch.distributions import kl as torch_kl
+
+from bam_pyro import BamConfig, ObjectiveConfig
+from bam_pyro.kl import kl_weibull_gamma
+from guides import AttentionGuide
+from models.gat import build_node_classifier
+
+from .conftest import random_graph
+
+EULER = 0.5772156649015329
+
+
+def weibull_gamma_kl_by_hand(phi, k, log_psi, beta):
+    """The paper's closed form in float64, with lam = exp(phi)/Gamma(1+1/k), alpha = Psi*beta."""
+    phi, log_psi = phi.double(), log_psi.double()
+    lam = torch.exp(phi - math.lgamma(1 + 1 / k))
+    alpha = torch.exp(log_psi + math.log(beta)).clamp_min(1e-30)
+    return (EULER * alpha / k - alpha * torch.log(lam) + math.log(k) + beta * lam * math.gamma(1 + 1 / k)
+            - EULER - 1 - alpha * math.log(beta) + torch.lgamma(alpha))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_loss_is_negative_loglik_plus_annealed_kl_by_hand(reduction):
+    x, edge_index, y = random_graph()
+    objective = ObjectiveConfig(reduction=reduction, kl_weight=0.3, anneal_rate=0.1)
+    model = build_node_classifier(x.size(1), 3, BamConfig("wc", k=1.5, beta=0.5), objective).eval()
+    model.step.fill_(7)
+    guide = AttentionGuide(model.model)
+    nodes = torch.arange(10)
+
+    pyro.set_rng_seed(3)
+    loss = TraceMeanField_ELBO().differentiable_loss(model.model, guide, x, edge_index, y=y, nodes=nodes)
+
+    pyro.set_rng_seed(3)  # the same draws again, recorded in a trace
+    guide(x, edge_index, y=y, nodes=nodes)
+    model_trace, guide_trace = guide.get_traces()
+    lam_t = 1 / (1 + math.exp(-7 * 0.1))
+    kl_total = 0.0
+    for name in ("conv1.attention", "conv2.attention"):
+        q = guide_trace.nodes[name]["fn"].base_dist
+        p = model_trace.nodes[name]["fn"].base_dist
+        phi = torch.log(q.scale) + math.lgamma(1 + 1 / 1.5)
+        log_psi = torch.log(p.concentration) - math.log(0.5)
+        kl = weibull_gamma_kl_by_hand(phi, 1.5, log_psi, 0.5)
+        kl_total += kl.sum() / (kl.numel() * 2) if reduction == "mean" else kl.sum()
+    logits = model_trace.nodes["y"]["fn"].logits
+    assert logits.shape == (10, 3)
+    loglik = torch.log_softmax(logits, -1).gather(-1, y[nodes, None]).squeeze(-1).double()
+    loglik = loglik.mean() if reduction == "mean" else loglik.sum()
+    expected = -loglik + lam_t * 0.3 * kl_total
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_analytic_kl_path_is_taken_not_the_monte_carlo_fallback(monkeypatch):
+    x, edge_index, y = random_graph()
+    model = build_node_classifier(x.size(1), 3, BamConfig("wc"), ObjectiveConfig(reduction="sum")).eval()
+    guide = AttentionGuide(model.model)
+    evaluated = []
+
+    def counting_kl(q, p):
+        evaluated.append(tuple(q.batch_shape))
+        return kl_weibull_gamma(q, p)
+
+    monkeypatch.setitem(torch_kl._KL_REGISTRY, (Weibull, Gamma), counting_kl)
+    monkeypatch.setattr(torch_kl, "_KL_MEMOIZE", {})
+    pyro.set_rng_seed(0)
+    analytic = TraceMeanField_ELBO().differentiable_loss(model.model, guide, x, edge_index, y=y)
+    assert len(evaluated) == 2  # once per attention site, over all its entries
+    edges = int((edge_index[0] != edge_index[1]).sum()) + x.size(0)  # self loops: one per node
+    assert evaluated[0] == (edges, 8)  # every edge and head
+
+    # Without the registration Pyro silently falls back to a Monte Carlo estimate: the loss changes.
+    monkeypatch.delitem(torch_kl._KL_REGISTRY, (Weibull, Gamma))
+    monkeypatch.setattr(torch_kl, "_KL_MEMOIZE", {})
+    pyro.set_rng_seed(0)
+    fallback = TraceMeanField_ELBO().differentiable_loss(model.model, guide, x, edge_index, y=y)
+    assert abs(analytic.item() - fallback.item()) > 1.0
+
+
+def test_one_network_forward_pass_per_svi_step():
+    x, edge_index, y = random_graph()
+    model = build_node_classifier(x.size(1), 3, BamConfig("wc"), ObjectiveConfig())
+    guide = AttentionGuide(model.model)
+    elbo = TraceMeanField_ELBO(max_plate_nesting=1)
+    calls = []
+    model.network.register_forward_hook(lambda *_: calls.append(1))
+    model.network.conv1.register_forward_hook(lambda *_: calls.append("conv1"))
+    loss = elbo.differentiable_loss(model.model, guide, x, edge_index, y=y)
+    loss.backward()
+    assert calls.count(1) == 1 and calls.count("conv1") == 1
+
+
+def test_guide_and_model_share_dropout_masks():
+    """The likelihood is evaluated on the very tensors the guide's pass produced."""
+    x, edge_index, y = random_graph()
+    model = build_node_classifier(x.size(1), 3, BamConfig("wc"), ObjectiveConfig()).train()
+    guide = AttentionGuide(model.model)
+    guide(x, edge_index, y=y)
+    model_trace, guide_trace = guide.get_traces()
+    s = guide_trace.nodes["conv1.attention"]["value"]
+    assert model_trace.nodes["conv1.attention"]["value"] is s
+    assert model_trace.nodes["conv1.attention"]["fn"] is not guide_trace.nodes["conv1.attention"]["fn"]
+
+
+def test_model_runs_alone_sampling_the_prior():
+    x, edge_index, y = random_graph()
+    model = build_node_classifier(x.size(1), 3, BamConfig("lc", sigma_p=1.0), ObjectiveConfig()).eval()
+    trace = pyro.poutine.trace(model.model).get_trace(x, edge_index)
+    site = trace.nodes["conv1.attention"]
+    assert type(site["fn"].base_dist).__name__ == "LogNormal"
+    assert site["fn"].base_dist.scale.unique().tolist() == [1.0]  # the prior's sigma_p
+    assert trace.nodes["y"]["value"].shape == (x.size(0),)
+    prior_predictive = Predictive(model.model, num_samples=4)(x, edge_index)
+    assert prior_predictive["y"].shape == (4, x.size(0))
+
+
+def test_site_scale_is_annealing_times_weight_over_entries_and_sites():
+    x, edge_index, y = random_graph()
+    model = build_node_classifier(x.size(1), 3, BamConfig("wc"), ObjectiveConfig(kl_weight=2.0, anneal_rate=0.5))
+    model.step.fill_(3)
+    guide = AttentionGuide(model.model)
+    guide(x, edge_index, y=y)
+    model_trace, guide_trace = guide.get_traces()
+    lam = 1 / (1 + math.exp(-1.5))
+    for name, heads in (("conv1.attention", 8), ("conv2.attention", 1)):
+        entries = guide_trace.nodes[name]["value"].shape[-2] * heads
+        assert guide_trace.nodes[name]["scale"] == pytest.approx(2.0 * lam / (entries * 2))
+        assert model_trace.nodes[name]["scale"] == guide_trace.nodes[name]["scale"]
+    assert model_trace.nodes["y"]["scale"] == pytest.approx(1 / x.size(0))
+
+
+def test_soft_and_nokl_have_no_latent_sites():
+    x, edge_index, y = random_graph()
+    for variant in ("soft", "nokl"):
+        model = build_node_classifier(x.size(1), 3, BamConfig(variant), ObjectiveConfig())
+        guide = AttentionGuide(model.model)
+        guide(x, edge_index, y=y)
+        model_trace, _ = guide.get_traces()
+        latent = [n for n, s in model_trace.nodes.items() if s["type"] == "sample" and not s["is_observed"]]
+        assert latent == []

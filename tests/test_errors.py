@@ -1,0 +1,83 @@
+"""Bad input fails early with an error that names the problem."""
+
+import pytest
+import torch
+
+from bam_pyro import BamConfig, DenseKeys, EdgeKeys, MultiHeadBayesianAttention, ObjectiveConfig
+from bam_pyro.data import require_files
+from experiments.gat import main as gat_main
+from experiments.planetoid import load_planetoid
+from models.gat import validate_graph
+
+from .conftest import random_graph
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(variant="wcx"), "unknown BAM variant 'wcx'"),
+        (dict(k=0.0), "k must be a finite number > 0"),
+        (dict(beta=-1e-10), "beta must be a finite number > 0"),
+        (dict(sigma_q=float("nan")), "sigma_q must be a finite number > 0"),
+        (dict(alpha=float("inf")), "alpha must be a finite number > 0"),
+        (dict(d_mid=0), "d_mid must be a positive integer"),
+        (dict(d_mid=2.5), "d_mid must be a positive integer"),
+    ],
+)
+def test_invalid_hyperparameters(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        BamConfig(**kwargs)
+
+
+def test_invalid_objective():
+    with pytest.raises(ValueError, match="reduction must be"):
+        ObjectiveConfig(reduction="avg")
+    with pytest.raises(ValueError, match="anneal_rate must be a finite number > 0"):
+        ObjectiveConfig(anneal_rate=0.0)
+    with pytest.raises(TypeError, match="kl_weight must be a number"):
+        ObjectiveConfig(kl_weight="1")
+
+
+def test_nan_features_are_named():
+    x, edge_index, _ = random_graph()
+    x[3, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"NaN or inf at 1 nodes \(first: \[3\]\)"):
+        validate_graph(x, edge_index)
+
+
+def test_wrong_shapes_are_named():
+    x, edge_index, _ = random_graph()
+    with pytest.raises(ValueError, match="node features must have shape"):
+        validate_graph(x[None], edge_index)
+    with pytest.raises(ValueError, match="edge_index must be a LongTensor of shape"):
+        validate_graph(x, edge_index.t())
+    with pytest.raises(ValueError, match="outside"):
+        validate_graph(x, edge_index + 1000)
+    with pytest.raises(ValueError, match="edge_index must have shape"):
+        EdgeKeys(edge_index.t(), 30)
+    with pytest.raises(TypeError, match="attention mask must be boolean"):
+        DenseKeys(torch.ones(1, 1, 1, 4))
+    attn = MultiHeadBayesianAttention(8, 2, BamConfig("wc"))
+    with pytest.raises(ValueError, match="key_padding_mask has 3 keys, key has 4"):
+        attn(torch.randn(1, 4, 8), torch.randn(1, 4, 8), torch.randn(1, 4, 8), key_padding_mask=torch.ones(1, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="not divisible"):
+        MultiHeadBayesianAttention(10, 3, BamConfig("wc"))
+
+
+def test_missing_pubmed_file_is_named_with_its_folder(data_root):
+    with pytest.raises(FileNotFoundError, match=r"missing .*ind\.pubmed\.allx.* in .*planetoid/PubMed/raw"):
+        load_planetoid("pubmed", data_root)
+
+
+def test_missing_data_root_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"missing ind\.cora\.x, .* in " + str(tmp_path)):
+        load_planetoid("cora", tmp_path)
+    with pytest.raises(FileNotFoundError, match="BAM_DATA"):
+        require_files(tmp_path, ["a.tsv"], "GLUE RTE")
+
+
+def test_unknown_dataset_and_variant_on_the_command_line():
+    with pytest.raises(SystemExit):
+        gat_main(["--dataset", "pubmedx"])
+    with pytest.raises(SystemExit):
+        gat_main(["--variant", "wcc"])
