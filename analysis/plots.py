@@ -1,0 +1,97 @@
+"""Figures as PNG files (matplotlib's Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import arviz as az  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import xarray as xr  # noqa: E402
+
+from .metrics import Reliability  # noqa: E402
+
+
+def _save(fig, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def reliability_diagram(curves: dict[str, Reliability], path: Path, title: str = "") -> Path:
+    """Accuracy vs confidence per bin, one line per model; the diagonal is perfect calibration."""
+    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    ax.plot([0, 1], [0, 1], color="grey", lw=1, ls="--", label="calibrated")
+    for name, r in curves.items():
+        filled = r.counts > 0
+        ax.plot(r.confidence[filled], r.accuracy[filled], marker="o", ms=3, label=f"{name} (ECE {100 * r.ece:.1f}%)")
+    ax.set(xlabel="confidence", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1), title=title)
+    ax.legend(loc="upper left", fontsize=8)
+    return _save(fig, path)
+
+
+def _neighbourhood(idata: az.InferenceData, group: str, layer: str, node) -> xr.DataArray:
+    """A node's existing attention entries of one layer: dims (chain, draw, head, source)."""
+    att = getattr(idata, group)["attention"].sel(layer=layer, query=node)
+    valid = idata.constant_data["valid"].sel(layer=layer, query=node)
+    heads = valid.any("key").values
+    keys = valid.any("head").values
+    att = att.isel(head=np.flatnonzero(heads), key=np.flatnonzero(keys))
+    sources = idata.constant_data["key_node"].sel(query=node).values[keys]
+    return att.rename(key="source").assign_coords(source=sources)
+
+
+def neighbourhood_forest(idata: az.InferenceData, layer: str, node, path: Path, hdi_prob: float = 0.94) -> Path:
+    """Forest plot of one node's incoming attention weights (every head), chains combined."""
+    att = _neighbourhood(idata, "posterior", layer, node)
+    axes = az.plot_forest(xr.Dataset({"attention": att}), combined=True, hdi_prob=hdi_prob, figsize=(6, 0.25 * att.sizes["head"] * att.sizes["source"] + 1.5))
+    axes[0].set_title(f"node {node}, {layer}: posterior attention ({int(100 * hdi_prob)}% HDI)")
+    return _save(axes[0].figure, path)
+
+
+def prior_posterior(idata: az.InferenceData, layer: str, node, head: int, path: Path) -> Path:
+    """Prior draws vs posterior draws of one node's attention over its neighbours (one head):
+    how the data moved the attention away from the key-dependent prior."""
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    names = {"prior": "tab:grey", "posterior": "tab:blue"}
+    sources = None
+    for i, (group, color) in enumerate(names.items()):
+        att = _neighbourhood(idata, group, layer, node).sel(head=head)
+        sources = att.coords["source"].values
+        draws = att.stack(sample=("chain", "draw")).transpose("source", "sample").values
+        positions = np.arange(len(sources)) + (i - 0.5) * 0.35
+        box = ax.boxplot(list(draws), positions=positions, widths=0.3, patch_artist=True, showfliers=False)
+        for patch in box["boxes"]:
+            patch.set(facecolor=color, alpha=0.6)
+        ax.plot([], [], color=color, lw=6, alpha=0.6, label=group)
+    ax.set_xticks(np.arange(len(sources)), [str(s) for s in sources], rotation=90 if len(sources) > 12 else 0)
+    ax.set(xlabel="source node", ylabel="attention weight", ylim=(0, 1), title=f"node {node}, {layer}, head {head}")
+    ax.legend()
+    return _save(fig, path)
+
+
+def variant_comparison(summary: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path:
+    """Bar chart per metric: mean +- std over seeds for each (dataset, variant) row.
+    ``summary`` columns: dataset, variant, and ``<metric>_mean`` / ``<metric>_std``."""
+    datasets = list(dict.fromkeys(summary["dataset"]))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.5), squeeze=False)
+    width = 0.8 / len(datasets)
+    for ax, metric in zip(axes[0], metrics):
+        for i, dataset in enumerate(datasets):
+            rows = summary[summary["dataset"] == dataset]
+            x = np.arange(len(rows)) + (i - (len(datasets) - 1) / 2) * width
+            ax.bar(x, rows[f"{metric}_mean"], width, yerr=rows[f"{metric}_std"], label=dataset, capsize=2)
+            ax.set_xticks(np.arange(len(rows)), list(rows["variant"]), rotation=45, ha="right")
+        values = summary[f"{metric}_mean"]
+        spread = max(values.max() - values.min(), 1e-3)
+        ax.set_ylim(values.min() - spread, values.max() + spread)
+        ax.set_title(metric)
+    axes[0][0].legend(fontsize=8)
+    return _save(fig, path)

@@ -1,0 +1,176 @@
+"""Posterior (and prior) predictive samples with ``pyro.infer.Predictive``, in bounded chunks.
+
+For a :class:`~bam_pyro.model.BamModel`, one draw m gives
+
+    S^m ~ q(S | Phi)  at every attention site      (the amortized guide)
+    p^m = probs(network(x; S^m))                    class probabilities of every item
+    W_l^m                                           attention weights of the chosen layers
+
+``Predictive`` runs the model under :class:`guides.AttentionGuide` (one network pass serves
+model and guide) inside its vectorizing plate, so a chunk of draws is one batched pass; chunks
+keep memory bounded for any number of draws. The class probabilities are recorded as the
+deterministic site :data:`PROBS_SITE`, the weights as ``"<site>.weights"``
+(``BamModel.record_attention``); both are read from the vectorized trace.
+
+Randomness that is not a Pyro site (dropout in MC-dropout mode, the ``nokl`` variant's attention
+noise) would be drawn once per chunk and shared by its draws. In that case the floating-point
+inputs get the sample dimensions (``[draws, 1.., *shape]``, aligned with the vectorizing plate),
+so that every draw has its own noise; integer inputs (indices, edges) stay as they are.
+
+Point predictions are not made here: they keep the posterior-mean rule (eval mode, S replaced
+by its mean, i.e. softmax attention). These draws are for uncertainty.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional, Sequence
+
+import pyro
+import torch
+from pyro.infer import Predictive
+from pyro.infer.predictive import _predictive_vectorize_plate_name
+from pyro.poutine.runtime import get_plates
+from torch import Tensor
+
+from .attention import BayesianAttention
+from .model import BamModel
+
+#: deterministic site holding the class probabilities ``[..., items, classes]`` of one draw
+PROBS_SITE = "predictive.probs"
+
+
+@dataclass
+class PredictiveDraws:
+    """``probs``: ``[draws, items, classes]``; ``attention``: site -> ``[draws, *entries]``
+    (after ``select_attention``)."""
+
+    probs: Tensor
+    attention: dict[str, Tensor]
+
+    @property
+    def num_draws(self) -> int:
+        return self.probs.shape[0]
+
+
+def softmax_probs(logits: Tensor) -> Tensor:
+    """Default ``probs_fn``: class probabilities from logits over the last dimension."""
+    return logits.softmax(-1)
+
+
+def attention_site_names(bam_model: BamModel) -> list[str]:
+    """Names of the model's attention sites (layers with a prior), in network order."""
+    return [
+        m.site_name for m in bam_model.network.modules()
+        if isinstance(m, BayesianAttention) and m.config.prior is not None
+    ]
+
+
+def has_unsited_noise(bam_model: BamModel, dropout: bool) -> bool:
+    """True when a draw has randomness that is not a Pyro sample site (dropout, ``nokl``)."""
+    return dropout or any(
+        isinstance(m, BayesianAttention) and m.config.stochastic and m.config.prior is None
+        for m in bam_model.network.modules()
+    )
+
+
+def predictive_draws(
+    bam_model: BamModel,
+    inputs: Sequence,
+    num_samples: int,
+    *,
+    layers: Optional[Sequence[str]] = None,
+    select_attention: Optional[Callable[[Tensor], Tensor]] = None,
+    probs_fn: Callable[[object], Tensor] = softmax_probs,
+    dropout: bool = False,
+    posterior: bool = True,
+    chunk_size: int = 100,
+) -> PredictiveDraws:
+    """Draw ``num_samples`` predictive class probabilities and attention weights.
+
+    layers: attention sites to keep (default: none; see :func:`attention_site_names`).
+    select_attention: applied to each chunk of weights ``[chunk, *entries]`` to keep only the
+        entries of interest (e.g. the edges into a few nodes), so memory stays small.
+    probs_fn: network outputs -> class probabilities ``[..., items, classes]``.
+    dropout: MC dropout, the network in training mode (the soft variant's only uncertainty).
+    posterior: draw S from the guide q(S | Phi); False draws it from the prior (prior predictive).
+    """
+    from guides import AttentionGuide  # guides builds on bam_pyro: import here, not at load time
+
+    if num_samples < 1 or chunk_size < 1:
+        raise ValueError(f"num_samples and chunk_size must be >= 1, got {num_samples}, {chunk_size}")
+    layers = list(layers or [])
+    unknown = set(layers) - set(attention_site_names(bam_model))
+    if unknown:
+        raise ValueError(f"unknown attention sites {sorted(unknown)}; the model has {attention_site_names(bam_model)}")
+    expand = has_unsited_noise(bam_model, dropout)
+
+    def program(*args):
+        if expand:
+            args = _expand_in_sample_plate(args)
+        outputs = bam_model.model(*args)
+        probs = probs_fn(outputs)
+        pyro.deterministic(PROBS_SITE, probs, event_dim=2)
+        return outputs
+
+    runner = AttentionGuide(program) if posterior else program
+    probs, attention = [], {name: [] for name in layers}
+    with _sampling_state(bam_model, dropout, record=bool(layers)):
+        for start in range(0, num_samples, chunk_size):
+            size = min(chunk_size, num_samples - start)
+            trace = Predictive(runner, num_samples=size, parallel=True).get_vectorized_trace(*inputs)
+            probs.append(_per_draw(trace.nodes[PROBS_SITE], size))
+            for name in layers:
+                weights = _per_draw(trace.nodes[f"{name}.weights"], size)
+                attention[name].append(select_attention(weights) if select_attention else weights)
+            del trace
+    draws = PredictiveDraws(torch.cat(probs), {k: torch.cat(v) for k, v in attention.items()})
+    _check_probs(draws.probs)
+    return draws
+
+
+def _expand_in_sample_plate(args: tuple) -> tuple:
+    """Give floating-point inputs the dims of Predictive's vectorizing plate (if it is active)."""
+    frames = [f for f in get_plates() if f.name == _predictive_vectorize_plate_name]
+    if not frames:  # Predictive's unvectorized probe runs: one draw is enough
+        return args
+    frame = frames[0]
+    lead = (frame.size,) + (1,) * (-frame.dim - 1)
+    return tuple(
+        a.expand(*lead, *a.shape) if torch.is_tensor(a) and a.is_floating_point() else a for a in args
+    )
+
+
+def _per_draw(site: dict, size: int) -> Tensor:
+    """A recorded site's value as ``[size, *event]``: drop the plate slots, broadcast a value
+    that did not vary over the draws."""
+    event_shape = site["fn"].event_shape
+    value = site["value"].reshape(-1, *event_shape)
+    if value.shape[0] not in (1, size):
+        raise RuntimeError(
+            f"site {site['name']!r} has {value.shape[0]} draws, expected {size}: "
+            "record it with the event_dim of one draw"
+        )
+    return value.expand(size, *event_shape)
+
+
+@contextmanager
+def _sampling_state(bam_model: BamModel, dropout: bool, record: bool) -> Iterator[None]:
+    """Train mode for MC dropout (eval otherwise) and attention recording, restored afterwards."""
+    was_training, was_recording = bam_model.training, bam_model.record_attention
+    bam_model.train(dropout)
+    bam_model.record_attention = record
+    try:
+        yield
+    finally:
+        bam_model.train(was_training)
+        bam_model.record_attention = was_recording
+
+
+def _check_probs(probs: Tensor) -> None:
+    if probs.dim() != 3:
+        raise ValueError(f"probs_fn must give [items, classes] per draw; got draws of shape {tuple(probs.shape)}")
+    total = probs.sum(-1)
+    if not torch.isfinite(probs).all() or (total - 1).abs().max() > 1e-4:
+        raise ValueError("probs_fn must return probabilities that sum to one over the last dimension")

@@ -1,0 +1,104 @@
+"""Posterior predictive draws with pyro.infer.Predictive on a small random graph."""
+
+import pytest
+import torch
+
+from bam_pyro import BamConfig, ObjectiveConfig
+from bam_pyro.predictive import attention_site_names, predictive_draws
+from models.gat import build_node_classifier
+
+N, F, C, E = 12, 5, 3, 30
+
+
+@pytest.fixture(scope="module")
+def graph():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(N, F, generator=g)
+    edge_index = torch.randint(0, N, (2, E), generator=g)
+    return x, edge_index
+
+
+def classifier(variant: str, **config):
+    torch.manual_seed(0)
+    return build_node_classifier(F, C, BamConfig(variant=variant, **config), ObjectiveConfig(), heads=2, hidden=4)
+
+
+def num_entries(edge_index):
+    loops = (edge_index[0] == edge_index[1]).sum()
+    return edge_index.shape[1] - int(loops) + N  # GAT replaces self-loops by one per node
+
+
+def test_wc_draws_shapes_and_variation(graph):
+    x, edge_index = graph
+    model = classifier("wc", k=2.0).train()
+    layers = attention_site_names(model)
+    assert layers == ["conv1.attention", "conv2.attention"]
+    draws = predictive_draws(model, (x, edge_index), 7, layers=layers, chunk_size=3)
+    assert draws.probs.shape == (7, N, C)
+    assert torch.allclose(draws.probs.sum(-1), torch.ones(7, N), atol=1e-5)
+    entries = num_entries(edge_index)
+    assert draws.attention["conv1.attention"].shape == (7, entries, 2)
+    assert draws.attention["conv2.attention"].shape == (7, entries, 1)
+    assert draws.probs.std(0).max() > 1e-4  # attention noise differs per draw, also across chunks
+    assert (draws.probs[0] != draws.probs[3]).any()
+    assert model.training and model.record_attention is False  # state restored
+
+
+def test_attention_weights_are_normalized_per_target(graph):
+    x, edge_index = graph
+    model = classifier("wc")
+    draws = predictive_draws(model, (x, edge_index), 4, layers=["conv1.attention"])
+    from torch_geometric.utils import add_self_loops, remove_self_loops
+
+    target = add_self_loops(remove_self_loops(edge_index)[0], num_nodes=N)[0][1]
+    w = draws.attention["conv1.attention"]
+    totals = torch.zeros(4, N, 2).index_add_(1, target, w)
+    assert torch.allclose(totals, torch.ones(4, N, 2), atol=1e-5)
+
+
+def test_select_attention_applies_per_chunk(graph):
+    x, edge_index = graph
+    draws = predictive_draws(classifier("wc"), (x, edge_index), 5, layers=["conv2.attention"],
+                             select_attention=lambda w: w[:, :3], chunk_size=2)
+    assert draws.attention["conv2.attention"].shape == (5, 3, 1)
+
+
+def test_soft_is_deterministic_without_dropout_and_varies_with_mc_dropout(graph):
+    x, edge_index = graph
+    model = classifier("soft")
+    fixed = predictive_draws(model, (x, edge_index), 4)
+    assert torch.equal(fixed.probs[0], fixed.probs[3])
+    with torch.no_grad():
+        model.eval()
+        point = model.network(x, edge_index).softmax(-1)
+    assert torch.allclose(fixed.probs[0], point, atol=1e-6)  # eval mode = posterior-mean rule
+    mc = predictive_draws(model, (x, edge_index), 6, dropout=True, chunk_size=4)
+    assert mc.probs.shape == (6, N, C)
+    assert (mc.probs[0] != mc.probs[1]).any() and (mc.probs[4] != mc.probs[5]).any()
+
+
+def test_nokl_noise_is_drawn_per_sample(graph):
+    x, edge_index = graph
+    draws = predictive_draws(classifier("nokl", k=1.0), (x, edge_index), 4)
+    assert (draws.probs[0] != draws.probs[1]).any()
+
+
+def test_prior_draws_differ_from_posterior(graph):
+    x, edge_index = graph
+    model = classifier("wc")
+    torch.manual_seed(1)
+    post = predictive_draws(model, (x, edge_index), 3, layers=["conv1.attention"])
+    torch.manual_seed(1)
+    prior = predictive_draws(model, (x, edge_index), 3, layers=["conv1.attention"], posterior=False)
+    assert not torch.allclose(post.attention["conv1.attention"], prior.attention["conv1.attention"])
+
+
+def test_bad_arguments(graph):
+    x, edge_index = graph
+    model = classifier("wc")
+    with pytest.raises(ValueError, match="unknown attention sites"):
+        predictive_draws(model, (x, edge_index), 2, layers=["conv9.attention"])
+    with pytest.raises(ValueError, match=">= 1"):
+        predictive_draws(model, (x, edge_index), 0)
+    with pytest.raises(ValueError, match="sum to one"):
+        predictive_draws(model, (x, edge_index), 2, probs_fn=lambda logits: logits.exp())
