@@ -1,0 +1,213 @@
+"""Bayesian attention inside pretrained transformers, by configuration (no forked model code).
+
+transformers routes every self-attention through ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]``.
+:func:`to_bam` registers :func:`bam_attention_forward` under the name ``"bam"``, attaches a
+:class:`~bam_pyro.BayesianAttention` (``bam_attention``) to every module that calls that interface,
+and switches the model to it. The variational distribution reuses the pretrained query/key
+projections (Phi = log softmax of their scaled dot products); the contextual prior network is new,
+randomly initialized, a registered submodule (so it trains and is saved with the model). Each call
+of an attention module is its own Pyro sample site: ALBERT's shared layer, called 12 times, gives
+``...bam_attention``, ``...bam_attention#2`` ... ``#12``, each with its own KL.
+
+Padding: masked keys get zero weight and, with padded queries, zero KL (see :class:`SequenceKeys`).
+In eval mode the attention is the posterior mean, which equals the pretrained softmax attention.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import pyro.distributions as dist
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import AttentionInterface, AutoModelForSequenceClassification, PreTrainedModel
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from bam_pyro import BamConfig, BamModel, BayesianAttention, DenseKeys, ObjectiveConfig
+
+#: the ``attn_implementation`` name of Bayesian attention
+ATTN_IMPLEMENTATION = "bam"
+#: attribute of an attention module that holds its Bayesian attention
+BAM_ATTRIBUTE = "bam_attention"
+
+
+class SequenceKeys(DenseKeys):
+    """Attention entries ``[B, H, Lq, Lk]`` of a batch of sequences, as transformers lays them out.
+
+    ``mask``: transformers' boolean mask ``[B, 1, Lq, Lk]`` (True = attend) or None. A mask whose
+    rows are all equal over square attention is key padding (bidirectional self-attention): the
+    weights then normalize over the valid keys (``key_mask`` ``[B, 1, 1, Lk]``), the site mask (KL,
+    entry count) also drops the rows of padded queries, and per-key values (the prior's Psi) stay
+    ``[B, H, 1, Lk]`` instead of growing to full maps. Any other mask (causal, custom) is used as is.
+
+    The batch is part of one site's event (``event_dim = 4``): transformers' modules cannot run
+    inside a data plate with extra sample dimensions, and the KL of a batch is the sum over its
+    sequences either way.
+    """
+
+    event_dim = 4
+
+    def __init__(self, mask: Optional[Tensor], batch_size: int) -> None:
+        if mask is not None and mask.dtype != torch.bool:
+            raise TypeError(
+                f"Bayesian attention expects a boolean attention mask (True = attend), got {mask.dtype}; "
+                f"convert the model with to_bam() so that the '{ATTN_IMPLEMENTATION}' mask function is used"
+            )
+        key_mask = mask
+        if mask is not None and mask.shape[-1] == mask.shape[-2]:
+            first_row = mask[..., :1, :]
+            if bool((mask == first_row).all()):
+                key_mask, mask = first_row, first_row & first_row.transpose(-1, -2)
+        super().__init__(mask, batch_shape=torch.Size([batch_size]))
+        self.key_mask = key_mask
+
+    def softmax(self, values: Tensor) -> Tensor:
+        if self.key_mask is not None:
+            values = values.masked_fill(~self.key_mask, torch.finfo(values.dtype).min)
+        return values.softmax(dim=-1)
+
+
+def bam_attention_forward(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Optional[Tensor],
+    scaling: Optional[float] = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[Tensor, Tensor]:
+    """transformers attention function: query/key/value ``[B, H, L, d]`` -> output ``[B, L, H, d]``
+    and weights ``[B, H, Lq, Lk]``, with the weights drawn by the module's Bayesian attention."""
+    bam = getattr(module, BAM_ATTRIBUTE, None)
+    if bam is None:
+        raise RuntimeError(
+            f"{type(module).__name__} has no Bayesian attention; convert the model with to_bam() "
+            f"instead of setting attn_implementation='{ATTN_IMPLEMENTATION}' alone"
+        )
+    if scaling is None:
+        scaling = query.size(-1) ** -0.5
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    weights = bam(scores, key.transpose(1, 2), SequenceKeys(attention_mask, query.size(0)))
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+def register_bam_attention() -> None:
+    """Make ``attn_implementation="bam"`` known to transformers (idempotent). Masks are built as
+    for sdpa: boolean, True = attend."""
+    AttentionInterface.register(ATTN_IMPLEMENTATION, bam_attention_forward)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+
+
+def _head_geometry(module: nn.Module) -> Optional[tuple[int, int]]:
+    """(heads, head_dim) of a module that calls the attention interface, else None. Such modules
+    carry ``scaling`` and their head layout (BERT/ALBERT names, or Llama-style ``head_dim``)."""
+    if not hasattr(module, "scaling"):
+        return None
+    heads = getattr(module, "num_attention_heads", None) or getattr(getattr(module, "config", None), "num_attention_heads", None)
+    head_dim = getattr(module, "attention_head_size", None) or getattr(module, "head_dim", None)
+    if isinstance(heads, int) and isinstance(head_dim, int):
+        return heads, head_dim
+    return None
+
+
+def to_bam(model: PreTrainedModel, config: BamConfig) -> PreTrainedModel:
+    """Turn every attention module of ``model`` into Bayesian attention, in place, and return it.
+
+    ``variant="soft"`` is allowed (plain softmax through the same code path), which is useful to
+    check the integration; for soft finetuning leave the model unconverted.
+    """
+    register_bam_attention()
+    found = 0
+    for module in model.modules():
+        geometry = _head_geometry(module)
+        if geometry is not None:
+            setattr(module, BAM_ATTRIBUTE, BayesianAttention(config, *geometry))
+            found += 1
+    if not found:
+        raise ValueError(f"found no attention module in {type(model).__name__} (none has 'scaling' and a head layout)")
+    model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    return model
+
+
+class SequenceNetwork(nn.Module):
+    """A transformers sequence-classification model as a plain function: token tensors -> logits
+    ``[B, num_labels]`` (``num_labels=1``: regression scores)."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Optional[Tensor] = None) -> Tensor:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
+
+
+class SequenceClassifier(BamModel):
+    """``labels ~ Categorical(logits)`` over the batch (GLUE classification tasks)."""
+
+    def likelihood(self, logits: Tensor, labels: Optional[Tensor] = None) -> None:
+        self.observe("labels", dist.Categorical(logits=logits), labels)
+
+
+class SequenceRegressor(BamModel):
+    """``labels ~ Normal(score, noise_scale)``. The default scale sqrt(1/2) makes the negative
+    log-likelihood the squared error plus a constant, i.e. the usual MSE finetuning loss."""
+
+    def __init__(self, network: nn.Module, objective: ObjectiveConfig, noise_scale: float = 0.5**0.5) -> None:
+        super().__init__(network, objective)
+        self.noise_scale = noise_scale
+
+    def likelihood(self, scores: Tensor, labels: Optional[Tensor] = None) -> None:
+        self.observe("labels", dist.Normal(scores.squeeze(-1), self.noise_scale), labels)
+
+
+def count_attention_calls(network: nn.Module, *example_inputs: Any) -> int:
+    """Calls of Bayesian attention modules with a prior in one forward pass (the number of sites)."""
+    calls = 0
+
+    def hook(*_: Any) -> None:
+        nonlocal calls
+        calls += 1
+
+    layers = [m for m in network.modules() if isinstance(m, BayesianAttention) and m.config.prior is not None]
+    handles = [m.register_forward_hook(hook) for m in layers]
+    was_training = network.training
+    try:
+        network.eval()
+        with torch.no_grad():
+            network(*example_inputs)
+    finally:
+        network.train(was_training)
+        for handle in handles:
+            handle.remove()
+    return calls
+
+
+def build_sequence_model(
+    pretrained: str | PreTrainedModel,
+    num_labels: int,
+    config: BamConfig,
+    objective: ObjectiveConfig,
+    **from_pretrained: Any,
+) -> BamModel:
+    """Pyro model of a pretrained transformer with a sequence head (``num_labels=1``: regression).
+
+    ``pretrained``: a local folder or hub name (loaded with a new randomly initialized head), or a
+    model instance. ``variant="soft"`` keeps the model's own attention (standard finetuning);
+    any other variant converts it with :func:`to_bam`.
+    """
+    if isinstance(pretrained, PreTrainedModel):
+        model = pretrained
+    else:
+        model = AutoModelForSequenceClassification.from_pretrained(pretrained, num_labels=num_labels, **from_pretrained)
+    if config.variant != "soft":
+        to_bam(model, config)
+    network = SequenceNetwork(model)
+    head = SequenceRegressor if num_labels == 1 else SequenceClassifier
+    bam_model = head(network, objective)
+    if bam_model.num_sites:
+        example = torch.zeros(1, 2, dtype=torch.long)
+        bam_model.num_sites = count_attention_calls(network, example, torch.ones_like(example))
+    return bam_model
