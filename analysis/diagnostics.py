@@ -122,7 +122,8 @@ def attention_summary(idata: az.InferenceData, hdi_prob: float = 0.94) -> pd.Dat
     attention = idata.posterior["attention"].transpose("chain", "draw", *DIMS)
     values = attention.values.reshape(attention.shape[0], attention.shape[1], -1)
     valid = idata.constant_data["valid"].transpose(*DIMS).values.reshape(-1)
-    varying = valid & (np.nanmax(values, axis=(0, 1)) > np.nanmin(values, axis=(0, 1)))
+    varying = valid.copy()
+    varying[valid] = np.ptp(values[:, :, valid], axis=(0, 1)) > 0
     keep = np.flatnonzero(varying)
     dataset = xr.Dataset({"w": (("chain", "draw", "entry"), values[:, :, keep])})
     summary = az.summary(dataset, hdi_prob=hdi_prob)

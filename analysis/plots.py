@@ -57,8 +57,9 @@ def neighbourhood_forest(idata: az.InferenceData, layer: str, node, path: Path, 
 
 
 def prior_posterior(idata: az.InferenceData, layer: str, node, head: int, path: Path) -> Path:
-    """Prior draws vs posterior draws of one node's attention over its neighbours (one head):
-    how the data moved the attention away from the key-dependent prior."""
+    """Prior vs posterior attention of one node over its neighbours (one head): how the data moved
+    the attention away from the key-dependent prior (the paper's Figure 1, on a graph). Boxes
+    show the spread over draws of each group of ``idata``."""
     fig, ax = plt.subplots(figsize=(7, 3.5))
     names = {"prior": "tab:grey", "posterior": "tab:blue"}
     sources = None

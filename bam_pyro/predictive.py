@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Sequence
 
 import pyro
+import pyro.distributions as dist
 import torch
 from pyro.infer import Predictive
 from pyro.infer.predictive import _predictive_vectorize_plate_name
@@ -43,11 +44,13 @@ PROBS_SITE = "predictive.probs"
 
 @dataclass
 class PredictiveDraws:
-    """``probs``: ``[draws, items, classes]``; ``attention``: site -> ``[draws, *entries]``
-    (after ``select_attention``)."""
+    """``probs``: ``[draws, items, classes]``; ``attention``: site -> weights ``[draws, *entries]``
+    (after ``select_attention``); ``prior_location``: site -> the prior's location per entry,
+    same layout (see :func:`prior_location`), when requested."""
 
     probs: Tensor
     attention: dict[str, Tensor]
+    prior_location: dict[str, Tensor]
 
     @property
     def num_draws(self) -> int:
@@ -84,7 +87,7 @@ def predictive_draws(
     select_attention: Optional[Callable[[Tensor], Tensor]] = None,
     probs_fn: Callable[[object], Tensor] = softmax_probs,
     dropout: bool = False,
-    posterior: bool = True,
+    with_prior: bool = False,
     chunk_size: int = 100,
 ) -> PredictiveDraws:
     """Draw ``num_samples`` predictive class probabilities and attention weights.
@@ -94,7 +97,8 @@ def predictive_draws(
         entries of interest (e.g. the edges into a few nodes), so memory stays small.
     probs_fn: network outputs -> class probabilities ``[..., items, classes]``.
     dropout: MC dropout, the network in training mode (the soft variant's only uncertainty).
-    posterior: draw S from the guide q(S | Phi); False draws it from the prior (prior predictive).
+    with_prior: also return each layer's prior location given the draw (the prior of a layer
+        depends on the attention samples of the layers below it).
     """
     from guides import AttentionGuide  # guides builds on bam_pyro: import here, not at load time
 
@@ -114,20 +118,39 @@ def predictive_draws(
         pyro.deterministic(PROBS_SITE, probs, event_dim=2)
         return outputs
 
-    runner = AttentionGuide(program) if posterior else program
-    probs, attention = [], {name: [] for name in layers}
+    guide = AttentionGuide(program)
+    probs, attention, prior = [], {name: [] for name in layers}, {name: [] for name in layers}
+    keep = select_attention or (lambda w: w)
     with _sampling_state(bam_model, dropout, record=bool(layers)):
         for start in range(0, num_samples, chunk_size):
             size = min(chunk_size, num_samples - start)
-            trace = Predictive(runner, num_samples=size, parallel=True).get_vectorized_trace(*inputs)
+            trace = Predictive(guide, num_samples=size, parallel=True).get_vectorized_trace(*inputs)
             probs.append(_per_draw(trace.nodes[PROBS_SITE], size))
             for name in layers:
-                weights = _per_draw(trace.nodes[f"{name}.weights"], size)
-                attention[name].append(select_attention(weights) if select_attention else weights)
+                attention[name].append(keep(_per_draw(trace.nodes[f"{name}.weights"], size)))
+                if with_prior:
+                    site = trace.nodes[name]
+                    location = prior_location(site["infer"]["prior"]).reshape(-1, *site["fn"].event_shape)
+                    prior[name].append(keep(location.expand(size, *location.shape[1:])))
             del trace
-    draws = PredictiveDraws(torch.cat(probs), {k: torch.cat(v) for k, v in attention.items()})
+    cat = lambda parts: {k: torch.cat(v) for k, v in parts.items() if v}  # noqa: E731
+    draws = PredictiveDraws(torch.cat(probs), cat(attention), cat(prior))
     _check_probs(draws.probs)
     return draws
+
+
+def prior_location(prior: dist.TorchDistribution) -> Tensor:
+    """Where an attention prior p(S) is centred, per entry: the Gamma mean ``alpha / beta`` or the
+    LogNormal median ``exp(mu)``, i.e. the contextual prior's Psi (normalized over each query's
+    keys) or, for a fixed prior, a constant (normalize it over the keys to get uniform weights)."""
+    base = prior
+    while isinstance(base, (dist.Independent, dist.MaskedDistribution)):
+        base = base.base_dist
+    if isinstance(base, dist.Gamma):
+        return base.concentration / base.rate
+    if isinstance(base, dist.LogNormal):
+        return base.loc.exp()
+    raise TypeError(f"no attention prior location for {type(base).__name__}")
 
 
 def _expand_in_sample_plate(args: tuple) -> tuple:

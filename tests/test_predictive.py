@@ -83,14 +83,20 @@ def test_nokl_noise_is_drawn_per_sample(graph):
     assert (draws.probs[0] != draws.probs[1]).any()
 
 
-def test_prior_draws_differ_from_posterior(graph):
+def test_prior_location_is_the_contextual_psi(graph):
     x, edge_index = graph
-    model = classifier("wc")
-    torch.manual_seed(1)
-    post = predictive_draws(model, (x, edge_index), 3, layers=["conv1.attention"])
-    torch.manual_seed(1)
-    prior = predictive_draws(model, (x, edge_index), 3, layers=["conv1.attention"], posterior=False)
-    assert not torch.allclose(post.attention["conv1.attention"], prior.attention["conv1.attention"])
+    model = classifier("wc", beta=2.0)
+    draws = predictive_draws(model, (x, edge_index), 3, layers=["conv1.attention", "conv2.attention"], with_prior=True)
+    from torch_geometric.utils import add_self_loops, remove_self_loops
+
+    target = add_self_loops(remove_self_loops(edge_index)[0], num_nodes=N)[0][1]
+    psi = draws.prior_location["conv2.attention"]
+    assert psi.shape == draws.attention["conv2.attention"].shape
+    totals = torch.zeros(3, N, 1).index_add_(1, target, psi)
+    assert torch.allclose(totals, torch.ones(3, N, 1), atol=1e-5)  # alpha / beta = Psi, on the simplex
+    assert not torch.allclose(psi[0], psi[1])  # layer 2's prior depends on layer 1's draw
+    fixed = predictive_draws(classifier("wf", alpha=3.0, beta=2.0), (x, edge_index), 2, layers=["conv1.attention"], with_prior=True)
+    assert torch.allclose(fixed.prior_location["conv1.attention"], torch.tensor(1.5))
 
 
 def test_bad_arguments(graph):
