@@ -1,0 +1,70 @@
+"""GLUE data from the shared tsv files, the GLUE metrics, and length-bucketed batches."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from experiments.glue import linear_schedule, side_by_side, subset
+from experiments.glue_data import TASKS, Encoded, batches, matthews, read_split, task_metrics
+
+SIZES = {"rte": (2490, 277), "mrpc": (3668, 408), "cola": (8551, 1043), "stsb": (5749, 1500), "sst2": (67349, 872)}
+
+
+@pytest.mark.parametrize("task", sorted(SIZES))
+def test_reads_real_tsv(task, data_root):
+    for split, size in zip(("train", "dev"), SIZES[task]):
+        frame = read_split(task, split, data_root)
+        assert len(frame) == size
+        assert (frame["text_a"].str.len() > 0).all()
+        assert ("text_b" in frame) == (len(TASKS[task].text_columns) == 2)
+        if TASKS[task].is_regression:
+            assert frame["label"].between(0, 5).all()
+        else:
+            assert set(frame["label"]) == {0, 1}
+
+
+def test_missing_file_is_named(tmp_path):
+    (tmp_path / "glue" / "RTE").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=r"train\.tsv.*RTE"):
+        read_split("rte", "train", tmp_path)
+    with pytest.raises(ValueError, match="unknown GLUE task"):
+        read_split("qqp", "train", tmp_path)
+
+
+def test_metrics_on_known_cases():
+    pred, label = np.array([1, 1, 0, 0, 1]), np.array([1, 0, 0, 1, 1])
+    scores = task_metrics("mrpc", pred, label)
+    assert scores["accuracy"] == pytest.approx(60.0)
+    assert scores["f1"] == pytest.approx(100 * 2 * 2 / (3 + 3))
+    # MCC = (tp*tn - fp*fn) / sqrt(...) with tp=2, tn=1, fp=1, fn=1
+    assert task_metrics("cola", pred, label)["matthews"] == pytest.approx(100 * (2 - 1) / np.sqrt(3 * 3 * 2 * 2))
+    assert matthews(np.ones(4, int), np.array([0, 1, 0, 1])) == 0.0  # constant predictor
+    sts = task_metrics("stsb", np.array([0.1, 0.4, 0.2, 3.0]), np.array([1.0, 3.0, 2.0, 4.0]))
+    assert sts["spearman"] == pytest.approx(100.0)
+    assert 0 < sts["pearson"] < 100
+
+
+def test_batches_pad_per_batch_and_cover_everything():
+    lengths = [3, 9, 4, 7, 5, 2, 8]
+    data = Encoded([list(range(1, n + 1)) for n in lengths], [[0] * n for n in lengths], torch.arange(7))
+    seen = []
+    for (ids, mask, types), targets in batches(data, 3, pad_id=0, shuffle=True, rng=np.random.default_rng(0)):
+        assert ids.shape == mask.shape == types.shape
+        assert ids.shape[1] == mask.sum(1).max()  # padded to the batch's longest only
+        assert torch.equal(mask.sum(1), torch.tensor([lengths[i] for i in targets["labels"]]))
+        seen += targets["labels"].tolist()
+    assert sorted(seen) == list(range(7))
+
+
+def test_schedule_subset_and_table():
+    assert linear_schedule(0, 100, 10) == pytest.approx(0.1)
+    assert linear_schedule(10, 100, 10) == pytest.approx(1.0)
+    assert linear_schedule(100, 100, 10) == 0.0
+    frame = pd.DataFrame({"x": range(10)})
+    assert subset(frame, 4).equals(subset(frame, 4)) and len(subset(frame, 4)) == 4
+    results = pd.DataFrame({"task": ["rte"] * 4, "variant": ["soft", "soft", "wc", "wc"], "seed": [0, 1, 0, 1],
+                            "dev_accuracy": [60.0, 62.0, 63.0, 65.0]})
+    table = side_by_side(results)
+    assert table.loc[("rte", "accuracy"), "soft"] == "61.00 ± 1.41"
+    assert table.loc[("rte", "accuracy"), "wc"] == "64.00 ± 1.41"
