@@ -51,10 +51,10 @@ class DenseKeys:
     """Keys along the last dimension of ``[*batch, heads, queries, keys]`` entries.
 
     ``mask`` (True = valid key) broadcasts to the entries and carries the data-batch dims; without
-    a mask, pass ``batch_shape`` so that the entries of a batch can be counted.
+    a mask, pass ``batch_shape``. The batch dims are part of a site's event: one sample site per
+    attention call covers the whole batch (its KL is the sum over the batch either way), so the
+    network needs no data plate around it and only the likelihood declares one.
     """
-
-    event_dim = 3
 
     def __init__(self, mask: Optional[Tensor] = None, batch_shape: torch.Size = torch.Size()) -> None:
         if mask is not None:
@@ -68,6 +68,7 @@ class DenseKeys:
             batch_shape = mask.shape[:-3]
         self.mask = mask
         self.batch_shape = torch.Size(batch_shape)
+        self.event_dim = 3 + len(self.batch_shape)
 
     def softmax(self, values: Tensor) -> Tensor:
         if self.mask is not None:

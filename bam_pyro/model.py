@@ -63,6 +63,24 @@ class BamModel(nn.Module):
         """Declare the observed sites given the network's outputs (task-specific)."""
         raise NotImplementedError
 
+    @staticmethod
+    def align_to_plate(value: Tensor, ndim: int) -> Tensor:
+        """Line up a network output with the data plate under vectorized sampling.
+
+        Attention sites sit outside the data plate (dim -1), so with a vectorized sample dim
+        (``Predictive(parallel=True)``, vectorized particles) an output laid out ``[n, *rest]``
+        (``ndim = 1 + len(rest)``) arrives as ``[*samples, 1, n, *rest]``: the 1 is the plate's slot
+        in the attention samples' batch shape. Dropping it gives ``[*samples, n, *rest]``.
+        """
+        if value.dim() > ndim:
+            if value.size(-ndim - 1) != 1:
+                raise ValueError(
+                    f"expected a singleton data-plate slot at dim {-ndim - 1} of an output of shape "
+                    f"{tuple(value.shape)}; is the output laid out [n, ...] with {ndim} dims?"
+                )
+            value = value.squeeze(-ndim - 1)
+        return value
+
     def observe(self, name: str, fn: dist.TorchDistribution, obs: Optional[Tensor]) -> Tensor:
         """An observed site over a plate of data points (the last batch dim of ``fn``), scaled by
         1/n under the ``mean`` reduction."""

@@ -112,15 +112,10 @@ class NodeClassifier(BamModel):
     """Pyro model for transductive node classification: labels of the chosen nodes are observed.
 
     ``model(x, edge_index, y=None, nodes=idx)``: ``y ~ Categorical(logits[nodes])``.
-
-    Graph attention sites are not inside the node plate, so under vectorized sampling their batch
-    dims (and hence the logits') end with the node plate's singleton slot: ``[samples, 1, N, C]``.
-    That slot is dropped so that the samples line up with the plate, ``[samples, N, C]``.
     """
 
     def likelihood(self, logits: Tensor, y: Optional[Tensor] = None, nodes: Optional[Tensor] = None) -> None:
-        if logits.dim() > 2:
-            logits = logits.squeeze(-3)
+        logits = self.align_to_plate(logits, ndim=2)
         if nodes is not None:
             logits = logits.index_select(-2, nodes)
             y = None if y is None else y.index_select(-1, nodes)

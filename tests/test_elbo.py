@@ -11,7 +11,9 @@ from pyro.infer import Predictive, TraceMeanField_ELBO
 from torch.distributions import Gamma, Weibull
 from torch.distributions import kl as torch_kl
 
-from bam_pyro import BamConfig, ObjectiveConfig
+import pyro.distributions as dist
+
+from bam_pyro import BamConfig, BamModel, ObjectiveConfig
 from bam_pyro.kl import kl_weibull_gamma
 from guides import AttentionGuide
 from models.gat import build_node_classifier
@@ -149,3 +151,41 @@ def test_soft_and_nokl_have_no_latent_sites():
         model_trace, _ = guide.get_traces()
         latent = [n for n, s in model_trace.nodes.items() if s["type"] == "sample" and not s["is_observed"]]
         assert latent == []
+
+
+class _Encoder(torch.nn.Module):
+    def __init__(self, d_model=16, heads=4):
+        super().__init__()
+        from bam_pyro import MultiHeadBayesianAttention
+
+        self.attn = MultiHeadBayesianAttention(d_model, heads, BamConfig("wc", k=10.0, beta=1e-2, d_mid=5))
+        self.head = torch.nn.Linear(d_model, 2)
+
+    def forward(self, x, valid):
+        h, _ = self.attn(x, x, x, key_padding_mask=valid)
+        return self.head(h.mean(-2))
+
+
+class _SequenceClassifier(BamModel):
+    def likelihood(self, logits, y=None):
+        self.observe("y", dist.Categorical(logits=self.align_to_plate(logits, 2)), y)
+
+
+def test_batched_dense_attention_in_a_pyro_model_trains_and_predicts():
+    x = torch.randn(8, 5, 16)
+    valid = torch.ones(8, 5, dtype=torch.bool)
+    valid[:3, 3:] = False
+    y = torch.randint(0, 2, (8,))
+    model = _SequenceClassifier(_Encoder(), ObjectiveConfig())
+    guide = AttentionGuide(model.model)
+    loss = TraceMeanField_ELBO().differentiable_loss(model.model, guide, x, valid, y=y)
+    loss.backward()
+    assert model.network.attn.attention.prior_net.hidden_weight.grad.abs().sum() > 0  # the KL trains the prior
+    model.eval()
+    model.record_attention = True
+    draws = Predictive(guide, num_samples=6, parallel=True, return_sites=["y", "attn.attention.weights"])(x, valid)
+    assert draws["y"].shape == (6, 8)
+    weights = draws["attn.attention.weights"]
+    assert weights.shape == (6, 1, 8, 4, 5, 5)
+    assert (weights[:, :, :3, ..., 3:] == 0).all()
+    assert not torch.allclose(weights[0], weights[1])  # distinct posterior draws
