@@ -8,6 +8,8 @@ query/key weights for q and adds a randomly initialized contextual prior; the KL
 (paper, appendix B.5.2: beta=1e-2, d_mid=5, k per task). Optimizer: AdamW, linear warmup over
 the first 10% of the steps then linear decay, gradient clipping at 1. The dev set is what is
 reported, so nothing is tuned or early-stopped on it: the final epoch's model is scored.
+Classification runs also report uncertainty metrics (NLL, ECE, Brier, PAvPU at p < 0.05, from
+``analysis.metrics``) of ``--draws`` posterior samples of the attention.
 Rows already in ``<out>/results.csv`` are skipped; an interrupted run resumes from its checkpoint.
 """
 
@@ -25,8 +27,9 @@ import pandas as pd
 import pyro
 import torch
 
+from analysis.metrics import sample_metrics
 from analysis.tables import summarize
-from bam_pyro import BamConfig, ObjectiveConfig
+from bam_pyro import BamConfig, BayesianAttention, ObjectiveConfig, attention_sampling
 from bam_pyro.elbo import AttentionMeanFieldELBO
 from bam_pyro.training import SVITrainer, seed_everything
 from experiments.benchmarks.bert import DEFAULT_MODEL, resolve_model
@@ -102,11 +105,36 @@ def dev_metrics(task: str, outputs: np.ndarray, labels: np.ndarray) -> dict[str,
     return task_metrics(task, pred, labels)
 
 
+#: uncertainty metrics of classification tasks (``analysis.metrics``), reported as ``dev_<name>``
+UNCERTAINTY = ("nll", "ece", "brier", "pavpu@0.05")
+
+
+def posterior_probs(network: torch.nn.Module, data: Encoded, batch_size: int, pad_id: int, draws: int) -> np.ndarray:
+    """Class probabilities ``[draws, n, classes]`` with every attention drawn from q (eval mode, so
+    no dropout). transformers' modules cannot carry the extra sample dimension of Pyro's vectorized
+    ``Predictive``, so each draw is one pass. A network without stochastic attention (soft) is a
+    point mass: one pass, repeated."""
+    stochastic = any(isinstance(m, BayesianAttention) and m.config.stochastic for m in network.modules())
+    with attention_sampling():
+        samples = [torch.softmax(torch.as_tensor(predict(network, data, batch_size, pad_id)[0]), -1).numpy()
+                   for _ in range(draws if stochastic else 1)]
+    return np.stack(samples if stochastic else samples * 2)
+
+
+def uncertainty_metrics(samples: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """NLL and Brier per item; ECE and PAvPU in percent, like the GLUE metrics."""
+    row = sample_metrics(samples, labels)
+    percent = {"ece", "pavpu@0.05"}
+    return {name: 100 * row[name] if name in percent else row[name] for name in UNCERTAINTY}
+
+
 def train_glue(
     settings: RunSettings, train: Encoded, dev: Encoded, pad_id: int,
-    checkpoint: Optional[Path] = None, progress: bool = True,
+    checkpoint: Optional[Path] = None, progress: bool = True, draws: int = 10,
 ) -> dict[str, Any]:
-    """Finetune one model; returns its result row (dev metrics of the final model)."""
+    """Finetune one model; returns its result row: dev metrics of the final model's posterior-mean
+    prediction and, for classification with ``draws`` > 0, uncertainty metrics of ``draws``
+    posterior samples."""
     seed_everything(settings.seed)
     spec = TASKS[settings.task]
     bam_model = build_sequence_model(settings.model, spec.num_labels, settings.config, settings.objective)
@@ -130,8 +158,13 @@ def train_glue(
     description = f"{settings.task}/{settings.variant}/seed{settings.seed}"
     result = trainer.fit(epoch_batches, evaluate, settings.epochs, None, progress, description)
     final = result.history[-1]
-    return {**settings.row(), **{k: v for k, v in final.items() if k.startswith("dev_")},
-            "train_loss": final["loss"], "seconds": round(result.seconds, 1)}
+    row = {**settings.row(), **{k: v for k, v in final.items() if k.startswith("dev_")},
+           "train_loss": final["loss"], "seconds": round(result.seconds, 1)}
+    if draws > 0 and not spec.is_regression:
+        samples = posterior_probs(bam_model.network, dev, settings.batch_size, pad_id, draws)
+        labels = predict(bam_model.network, dev, settings.batch_size, pad_id)[1]
+        row.update({f"dev_{k}": v for k, v in uncertainty_metrics(samples, labels).items()}, draws=draws)
+    return row
 
 
 def subset(frame: pd.DataFrame, size: Optional[int]) -> pd.DataFrame:
@@ -145,7 +178,8 @@ def side_by_side(results: pd.DataFrame) -> pd.DataFrame:
     """Mean ± std over seeds of every dev metric, one row per (task, metric), one column per variant."""
     rows = []
     for task, group in results.groupby("task", sort=False):
-        for metric in TASKS[task].metrics:
+        extra = [m for m in UNCERTAINTY if f"dev_{m}" in group and group[f"dev_{m}"].notna().all()]
+        for metric in (*TASKS[task].metrics, *extra):
             table = summarize(group, ["variant"], [f"dev_{metric}"])
             row = {"task": task, "metric": metric, **table[f"dev_{metric}"].to_dict(), "n": int(table["n"].min())}
             if task in PAPER_SCORES and metric == TASKS[task].metrics[-1 if task == "mrpc" else 0]:
@@ -166,6 +200,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--data-root", default=None, help="data root holding glue/<TASK>/{train,dev}.tsv (default: $BAM_DATA or ../shared/data)")
     p.add_argument("--out", default="runs/glue", help="output folder: results.csv, table.md, checkpoints/")
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    p.add_argument("--draws", type=int, default=10, help="posterior samples for the uncertainty metrics (0: none)")
     p.add_argument("--no-progress", action="store_true")
     g = p.add_argument_group("overrides (default: paper's BAM settings; lr 5e-5, batch 16, 3 epochs, length 128)")
     for name in ("k", "beta", "att_kl", "rho", "lr", "weight_decay", "warmup"):
@@ -199,8 +234,8 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
                 continue
             checkpoint = out / "checkpoints" / f"{task}-{run.variant}-{run.seed}.pt"
             start = time.perf_counter()
-            row = train_glue(run, train, dev, tokenizer.pad_token_id, checkpoint, not args.no_progress)
-            scores = ", ".join(f"{k[4:]} {v:.2f}" for k, v in row.items() if k.startswith("dev_"))
+            row = train_glue(run, train, dev, tokenizer.pad_token_id, checkpoint, not args.no_progress, args.draws)
+            scores = ", ".join(f"{k[4:]} {v:.3g}" for k, v in row.items() if k.startswith("dev_"))
             print(f"{task:5s} {run.variant:5s} seed {run.seed}: {scores} ({time.perf_counter() - start:.0f}s)", flush=True)
             done = pd.concat([done, pd.DataFrame([row])], ignore_index=True)
             done.to_csv(results_file, index=False)

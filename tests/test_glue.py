@@ -68,3 +68,22 @@ def test_schedule_subset_and_table():
     table = side_by_side(results)
     assert table.loc[("rte", "accuracy"), "soft"] == "61.00 ± 1.41"
     assert table.loc[("rte", "accuracy"), "wc"] == "64.00 ± 1.41"
+
+
+def test_posterior_probs_vary_for_bam_only():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from bam_pyro import BamConfig, ObjectiveConfig
+    from experiments.glue import posterior_probs, uncertainty_metrics
+    from models.transformers_bam import build_sequence_model
+
+    config = BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+    lengths = [5, 7, 3, 6]
+    data = Encoded([list(range(5, 5 + n)) for n in lengths], [[0] * n for n in lengths], torch.tensor([0, 1, 1, 0]))
+    for variant in ("soft", "wc"):
+        model = build_sequence_model(BertForSequenceClassification(config), 2, BamConfig(variant, k=5.0), ObjectiveConfig())
+        samples = posterior_probs(model.network, data, 2, 0, draws=4)
+        assert samples.shape == ((2 if variant == "soft" else 4), 4, 2)
+        assert (samples.std(0).max() > 0) == (variant == "wc")
+        metrics = uncertainty_metrics(samples, np.array([0, 1, 1, 0]))
+        assert set(metrics) == {"nll", "ece", "brier", "pavpu@0.05"} and 0 <= metrics["pavpu@0.05"] <= 100
