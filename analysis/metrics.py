@@ -8,6 +8,7 @@ Entropies are in nats. Inputs may be NumPy arrays or torch tensors.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,14 +129,15 @@ def mutual_information(samples) -> np.ndarray:
     return np.maximum(entropy(s.mean(0)) - entropy(s).mean(0), 0.0)
 
 
-def top_two_pvalues(samples) -> np.ndarray:
+def top_two_pvalues(samples, atol: float = 1e-6) -> np.ndarray:
     """p-value per item of a two-sample t-test between the draws of the two most probable classes
     (by posterior mean), as in the paper's appendix B.2.1.
 
     Student's test (``equal_var=True``): both classes have the same number of draws, so its t
     statistic equals Welch's and only the degrees of freedom (2M - 2) differ. Draws that are
-    constant in both classes make the test undefined; the answer is then exact: p = 0 if the
-    two means differ (certain), p = 1 if they are equal.
+    constant in both classes (spread <= ``atol``: float32 noise counts as constant) make the test
+    undefined or numerically meaningless; the answer is then exact: p = 0 if the two means
+    differ by more than ``atol`` (certain), p = 1 if not.
     """
     s = _samples(samples)
     if s.shape[0] < 2:
@@ -143,11 +145,16 @@ def top_two_pvalues(samples) -> np.ndarray:
     order = np.argsort(-s.mean(0), axis=-1)
     first = np.take_along_axis(s, order[None, :, :1], -1)[..., 0]
     second = np.take_along_axis(s, order[None, :, 1:2], -1)[..., 0]
-    constant = (first.std(0) == 0) & (second.std(0) == 0)
-    pvalues = np.where(constant, (first[0] == second[0]).astype(float), np.nan)
+    constant = (np.ptp(first, 0) <= atol) & (np.ptp(second, 0) <= atol)
+    same = np.abs(first.mean(0) - second.mean(0)) <= atol
+    pvalues = np.where(constant, same.astype(float), np.nan)
     varying = ~constant
     if varying.any():
-        pvalues[varying] = stats.ttest_ind(first[:, varying], second[:, varying], axis=0, equal_var=True).pvalue
+        with warnings.catch_warnings():
+            # one class may be exactly constant while the other varies: its own variance is 0,
+            # which scipy flags as "precision loss", but the pooled variance of the test is fine
+            warnings.filterwarnings("ignore", "Precision loss", RuntimeWarning)
+            pvalues[varying] = stats.ttest_ind(first[:, varying], second[:, varying], axis=0, equal_var=True).pvalue
     return pvalues
 
 

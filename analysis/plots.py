@@ -33,7 +33,7 @@ def reliability_diagram(curves: dict[str, Reliability], path: Path, title: str =
         filled = r.counts > 0
         ax.plot(r.confidence[filled], r.accuracy[filled], marker="o", ms=3, label=f"{name} (ECE {100 * r.ece:.1f}%)")
     ax.set(xlabel="confidence", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1), title=title)
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="lower right", fontsize=8)
     return _save(fig, path)
 
 
@@ -92,7 +92,7 @@ def variant_comparison(summary: pd.DataFrame, metrics: Sequence[str], path: Path
             ax.set_xticks(np.arange(len(rows)), list(rows["variant"]), rotation=45, ha="right")
         values = summary[f"{metric}_mean"]
         spread = max(values.max() - values.min(), 1e-3)
-        ax.set_ylim(values.min() - spread, values.max() + spread)
+        ax.set_ylim(max(values.min() - spread, 0.0), values.max() + spread)
         ax.set_title(metric)
     axes[0][0].legend(fontsize=8)
     return _save(fig, path)

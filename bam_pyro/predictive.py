@@ -133,8 +133,7 @@ def predictive_draws(
                     location = prior_location(site["infer"]["prior"]).reshape(-1, *site["fn"].event_shape)
                     prior[name].append(keep(location.expand(size, *location.shape[1:])))
             del trace
-    cat = lambda parts: {k: torch.cat(v) for k, v in parts.items() if v}  # noqa: E731
-    draws = PredictiveDraws(torch.cat(probs), cat(attention), cat(prior))
+    draws = PredictiveDraws(torch.cat(probs), _concat(attention), _concat(prior))
     _check_probs(draws.probs)
     return draws
 
@@ -163,6 +162,10 @@ def _expand_in_sample_plate(args: tuple) -> tuple:
     return tuple(
         a.expand(*lead, *a.shape) if torch.is_tensor(a) and a.is_floating_point() else a for a in args
     )
+
+
+def _concat(chunks: dict[str, list[Tensor]]) -> dict[str, Tensor]:
+    return {name: torch.cat(parts) for name, parts in chunks.items() if parts}
 
 
 def _per_draw(site: dict, size: int) -> Tensor:

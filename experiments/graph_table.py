@@ -191,6 +191,8 @@ def write_tables(out: Path) -> pd.DataFrame:
     (out / "table.md").write_text(markdown(table))
     figures = out / "figures"
     for dataset in table.dataset.unique():
+        graph = load_planetoid(dataset, _data_root(out))[0]
+        labels = graph.y[graph.test_mask].numpy()
         rows = table[table.dataset == dataset]
         variant_comparison(rows.assign(variant=rows.variant + "/" + rows["mode"]), ["test_acc", "ece", "pavpu@0.05"], figures / f"{dataset}-variants.png")
         curves = {}
@@ -199,8 +201,7 @@ def write_tables(out: Path) -> pd.DataFrame:
             if not matches.empty:
                 seed = int(matches.seed.min())
                 probs = np.load(out / "rows" / f"{dataset}-{variant}-{seed}-{mode.replace('+', '-')}.npy")
-                data, _, _ = load_planetoid(dataset, _data_root(out))
-                curves[f"{variant} ({mode}, seed {seed})"] = reliability(probs, data.y[data.test_mask].numpy())
+                curves[f"{variant} ({mode}, seed {seed})"] = reliability(probs, labels)
         if curves:
             reliability_diagram(curves, figures / f"{dataset}-reliability.png", title=f"{NAMES[dataset]} test nodes")
     return table

@@ -1,6 +1,7 @@
 """Known-answer tests of the uncertainty metrics."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -69,6 +70,15 @@ def test_top_two_pvalues_match_student_t_test():
 def test_top_two_pvalues_of_constant_draws_are_exact():
     certain = np.tile([[0.7, 0.2, 0.1], [0.4, 0.4, 0.2]], (5, 1, 1))
     assert M.top_two_pvalues(certain).tolist() == [0.0, 1.0]
+    # float32-level noise counts as constant: exact answer, no precision-loss warning
+    jitter = np.random.default_rng(0).uniform(-1e-8, 1e-8, size=(5, 2, 1)) * np.array([1.0, -1.0, 0.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert M.top_two_pvalues(certain + jitter).tolist() == [0.0, 1.0]
+        # top class exactly constant, the other two varying: a valid test, no warning
+        second = np.array([0.2, 0.25, 0.3, 0.15, 0.2])
+        mixed = np.stack([np.full(5, 0.6), second, 0.4 - second], -1)[:, None]
+        assert 0 < M.top_two_pvalues(mixed)[0] < 1e-6
 
 
 def test_pavpu_counts_by_hand_with_fractional_accuracy():
