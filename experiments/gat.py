@@ -156,6 +156,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--data-root", default=None, help="data root (default: $BAM_DATA, ../shared/data, or a download cache)")
     p.add_argument("--out", default="runs/gat", help="output folder: results.csv, table.md, checkpoints/")
+    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true")
     g = p.add_argument_group("overrides of the presets (default: the paper's values)")
     for name in ("k", "sigma_q", "sigma_p", "beta", "alpha", "rho", "att_kl", "lr", "weight_decay"):
@@ -172,7 +173,7 @@ OVERRIDES = ("k", "sigma_q", "sigma_p", "beta", "alpha", "rho", "att_kl", "lr", 
 
 def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     args = parse_args(argv)
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results_file = out / "results.csv"

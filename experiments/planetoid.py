@@ -9,6 +9,7 @@ from typing import Optional
 
 from torch_geometric.data import Data
 from torch_geometric.datasets import Planetoid
+from torch_geometric.transforms import NormalizeFeatures
 
 from bam_pyro.data import default_cache, require_files, resolve_data_root
 
@@ -19,6 +20,7 @@ RAW_PARTS = ["x", "tx", "allx", "y", "ty", "ally", "graph", "test.index"]
 def load_planetoid(name: str, data_root: Optional[os.PathLike] = None) -> tuple[Data, int, int]:
     """Returns (graph with train/val/test masks, num_features, num_classes).
 
+    Features are row-normalized (each node's bag of words sums to one), as in GAT's preprocessing.
     The raw files are read from ``<root>/planetoid/<Name>/raw`` (or ``<root>/<Name>/raw``); PyG
     writes its processed copy into a user cache, never into the data root.
     """
@@ -28,7 +30,7 @@ def load_planetoid(name: str, data_root: Optional[os.PathLike] = None) -> tuple[
     pyg_name = NAMES[key]
     root, given = resolve_data_root(data_root)
     if not given:  # no data root anywhere: let PyG download into the cache
-        dataset = Planetoid(str(root / "planetoid"), pyg_name)
+        dataset = Planetoid(str(root / "planetoid"), pyg_name, transform=NormalizeFeatures())
         return dataset[0], dataset.num_features, dataset.num_classes
     raw = root / "planetoid" / pyg_name / "raw"
     if not raw.is_dir() and (root / pyg_name / "raw").is_dir():
@@ -41,5 +43,5 @@ def load_planetoid(name: str, data_root: Optional[os.PathLike] = None) -> tuple[
         link = cache_raw / f"ind.{key}.{part}"
         if not link.exists():
             link.symlink_to(raw / f"ind.{key}.{part}")
-    dataset = Planetoid(str(cache), pyg_name)
+    dataset = Planetoid(str(cache), pyg_name, transform=NormalizeFeatures())
     return dataset[0], dataset.num_features, dataset.num_classes
