@@ -102,7 +102,7 @@ def attention_diagnostics(model: NodeClassifier, data, out: Path, args: argparse
             )
         posterior.append({layer: w.numpy() for layer, w in draws.attention.items()})
         # the prior's location Psi, normalized over each node's neighbourhood: its prior weights
-        prior.append({layer: (p / np.nansum(p, -1, keepdims=True)).numpy() for layer, p in draws.prior_location.items()})
+        prior.append({layer: (p / p.nansum(-1, keepdim=True)).numpy() for layer, p in draws.prior_location.items()})
     idata = attention_inference_data(posterior, queries=nodes, key_node=hoods.sources, prior_chains=prior)
     folder = out / "diagnostics"
     folder.mkdir(parents=True, exist_ok=True)
