@@ -10,7 +10,6 @@ checkpoint, so a sweep can be stopped and started again without losing work.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from analysis.tables import summarize
 from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.training import EarlyStopping, SVITrainer, seed_everything
 from experiments.planetoid import NAMES, load_planetoid
+from experiments.runs import ResultsFile, add_run_arguments
 from guides import AttentionGuide
 from models.gat import NodeClassifier, build_node_classifier, validate_graph
 
@@ -152,12 +152,7 @@ def train_node_classifier(
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--dataset", nargs="+", default=["cora"], choices=sorted(NAMES))
-    p.add_argument("--variant", nargs="+", default=["soft", "wc"], choices=["soft", "nokl", "lf", "lc", "wf", "wc"])
-    p.add_argument("--seeds", nargs="+", type=int, default=[0])
-    p.add_argument("--data-root", default=None, help="data root (default: $BAM_DATA, ../shared/data, or a download cache)")
-    p.add_argument("--out", default="runs/gat", help="output folder: results.csv, table.md, checkpoints/")
-    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="torch CPU threads")
-    p.add_argument("--no-progress", action="store_true")
+    add_run_arguments(p, "runs/gat", "data root (default: $BAM_DATA, ../shared/data, or a download cache)")
     g = p.add_argument_group("overrides of the presets (default: the paper's values)")
     for name in ("k", "sigma_q", "sigma_p", "beta", "alpha", "rho", "att_kl", "lr", "weight_decay"):
         g.add_argument(f"--{name.replace('_', '-')}", type=float, default=None)
@@ -175,15 +170,13 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    results_file = out / "results.csv"
-    done = pd.read_csv(results_file) if results_file.exists() else pd.DataFrame()
+    results = ResultsFile(out, ("dataset", "variant", "seed"))
     overrides = {name: getattr(args, name) for name in OVERRIDES}
     for dataset in args.dataset:
         data, num_features, num_classes = load_planetoid(dataset, args.data_root)
         for variant in args.variant:
             for seed in args.seeds:
-                if not done.empty and ((done.dataset == dataset) & (done.variant == variant) & (done.seed == seed)).any():
+                if results.has(dataset=dataset, variant=variant, seed=seed):
                     continue
                 settings = settings_for(dataset, variant, seed, overrides)
                 checkpoint = out / "checkpoints" / f"{dataset}-{variant}-{seed}.pt"
@@ -191,8 +184,8 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
                 _, row = train_node_classifier(settings, data, num_features, num_classes, checkpoint, not args.no_progress)
                 print(f"{dataset:9s} {variant:5s} seed {seed}: test acc {row['test_acc']:.2f} "
                       f"(val {row['val_acc']:.2f}, best epoch {row['best_epoch']}, {time.perf_counter() - start:.0f}s)", flush=True)
-                done = pd.concat([done, pd.DataFrame([row])], ignore_index=True)
-                done.to_csv(results_file, index=False)
+                results.add(row)
+    done = results.frame
     table = accuracy_table(done[done.dataset.isin(args.dataset) & done.variant.isin(args.variant)])
     (out / "table.md").write_text(table.to_markdown() + "\n")
     print(table.to_markdown())

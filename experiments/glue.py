@@ -33,6 +33,7 @@ from bam_pyro import BamConfig, BayesianAttention, ObjectiveConfig, attention_sa
 from bam_pyro.elbo import AttentionMeanFieldELBO
 from bam_pyro.training import SVITrainer, seed_everything
 from experiments.glue_data import TASKS, Encoded, batches, encode, read_split, task_metrics
+from experiments.runs import ResultsFile, add_run_arguments
 from guides import AttentionGuide
 from models.transformers_bam import DEFAULT_MODEL, build_sequence_model, resolve_pretrained
 
@@ -193,14 +194,9 @@ OVERRIDES = ("k", "beta", "d_mid", "att_kl", "rho", "lr", "weight_decay", "batch
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--task", nargs="+", default=["rte"], choices=sorted(TASKS))
-    p.add_argument("--variant", nargs="+", default=["soft", "wc"], choices=["soft", "nokl", "lf", "lc", "wf", "wc"])
-    p.add_argument("--seeds", nargs="+", type=int, default=[0])
+    add_run_arguments(p, "runs/glue", "data root holding glue/<TASK>/{train,dev}.tsv (default: $BAM_DATA or ../shared/data)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="local folder or hub name (default: the MiniLM package)")
-    p.add_argument("--data-root", default=None, help="data root holding glue/<TASK>/{train,dev}.tsv (default: $BAM_DATA or ../shared/data)")
-    p.add_argument("--out", default="runs/glue", help="output folder: results.csv, table.md, checkpoints/")
-    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--draws", type=int, default=10, help="posterior samples for the uncertainty metrics (0: none)")
-    p.add_argument("--no-progress", action="store_true")
     g = p.add_argument_group("overrides (default: paper's BAM settings; lr 5e-5, batch 16, 3 epochs, length 128)")
     for name in ("k", "beta", "att_kl", "rho", "lr", "weight_decay", "warmup"):
         g.add_argument(f"--{name.replace('_', '-')}", type=float, default=None)
@@ -219,9 +215,7 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     model = resolve_pretrained(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    results_file = out / "results.csv"
-    done = pd.read_csv(results_file) if results_file.exists() else pd.DataFrame()
+    results = ResultsFile(out, ("task", "variant", "seed"))
     overrides = {name: getattr(args, name) for name in OVERRIDES}
     for task in args.task:
         settings = [settings_for(task, v, s, model, overrides) for v in args.variant for s in args.seeds]
@@ -229,15 +223,15 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
         train = encode(subset(read_split(task, "train", args.data_root), max_train), tokenizer, max_length)
         dev = encode(read_split(task, "dev", args.data_root), tokenizer, max_length)
         for run in settings:
-            if not done.empty and ((done.task == task) & (done.variant == run.variant) & (done.seed == run.seed)).any():
+            if results.has(task=task, variant=run.variant, seed=run.seed):
                 continue
             checkpoint = out / "checkpoints" / f"{task}-{run.variant}-{run.seed}.pt"
             start = time.perf_counter()
             row = train_glue(run, train, dev, tokenizer.pad_token_id, checkpoint, not args.no_progress, args.draws)
             scores = ", ".join(f"{k[4:]} {v:.3g}" for k, v in row.items() if k.startswith("dev_"))
             print(f"{task:5s} {run.variant:5s} seed {run.seed}: {scores} ({time.perf_counter() - start:.0f}s)", flush=True)
-            done = pd.concat([done, pd.DataFrame([row])], ignore_index=True)
-            done.to_csv(results_file, index=False)
+            results.add(row)
+    done = results.frame
     table = side_by_side(done[done.task.isin(args.task) & done.variant.isin(args.variant)])
     (out / "table.md").write_text(table.to_markdown() + "\n")
     print(table.to_markdown())
