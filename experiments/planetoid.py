@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
 from typing import Optional
 
 from torch_geometric.data import Data
