@@ -22,17 +22,14 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
 from torch import Tensor, nn
 
-from .axes import AttentionAxis, log_normalized
+from .axes import AttentionAxis
 from .config import BamConfig
 from .distributions import prior_distribution, variational_distribution
+from .normalize import log_normalized, normalize
 from .prior import ContextualPrior
 from .sites import AttentionSiteInfo, active_sites, sampling_requested
-
-_TINY = torch.finfo(torch.float32).tiny
-
 
 class BayesianAttention(nn.Module):
     """Turns attention scores into attention weights, stochastic as ``config`` says.
@@ -62,13 +59,13 @@ class BayesianAttention(nn.Module):
             name = sites.site_name(self.site_name)
             info = AttentionSiteInfo(phi, config, axis.mask, axis.event_dim)
             s = sites.sample(name, self.prior(phi, keys, axis), info, axis)
-            weights = axis.softmax(s.clamp_min(_TINY).log())
+            weights = normalize(axis, s)
             sites.record(name, weights, axis.event_dim)
             return weights
         requested = sampling_requested()
         if sites is not None or (self.training if requested is None else requested):
             s = variational_distribution(phi, config).rsample()
-            return axis.softmax(s.clamp_min(_TINY).log())
+            return normalize(axis, s)
         return axis.softmax(phi)  # E_q[S] = exp(Phi): the posterior-mean point prediction
 
     def prior(self, phi: Tensor, keys: Optional[Tensor], axis: AttentionAxis):

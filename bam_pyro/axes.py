@@ -19,12 +19,8 @@ from typing import Optional, Protocol
 
 import torch
 from torch import Tensor
+from torch_geometric.utils import scatter
 from torch_geometric.utils import softmax as segment_softmax
-
-#: The reference code's floor inside ``log(softmax + eps)``: keeps Phi >= log(1e-20), finite
-#: also on masked entries, which Pyro masks with ``torch.where`` (an inf there poisons gradients).
-LOG_FLOOR = 1e-20
-
 
 class AttentionAxis(Protocol):
     #: number of trailing dimensions that make up one attention map (the Pyro event dims)
@@ -35,16 +31,15 @@ class AttentionAxis(Protocol):
     def softmax(self, values: Tensor) -> Tensor:
         """Normalize per-entry values over each query's keys."""
 
+    def key_sum(self, values: Tensor) -> Tensor:
+        """Sum per-entry values over each query's keys, broadcastable back onto the entries
+        (values of masked entries must be zero: they are added in)."""
+
     def spread(self, per_key: Tensor) -> Tensor:
         """Map per-key values ``[..., keys, heads]`` onto the entries."""
 
     def num_valid(self, entries: Tensor) -> int:
         """Number of valid entries in one attention map of ``entries`` (no sample dims)."""
-
-
-def log_normalized(axis: AttentionAxis, values: Tensor) -> Tensor:
-    """``log(softmax(values) + 1e-20)`` over each query's keys: finite everywhere."""
-    return torch.log(axis.softmax(values) + LOG_FLOOR)
 
 
 class DenseKeys:
@@ -75,6 +70,9 @@ class DenseKeys:
             values = values.masked_fill(~self.mask, torch.finfo(values.dtype).min)
         return values.softmax(dim=-1)
 
+    def key_sum(self, values: Tensor) -> Tensor:
+        return values.sum(dim=-1, keepdim=True)
+
     def spread(self, per_key: Tensor) -> Tensor:
         # [..., keys, heads] -> [..., heads, 1, keys]: one value per key, shared by all queries
         return per_key.transpose(-1, -2).unsqueeze(-2)
@@ -100,6 +98,10 @@ class EdgeKeys:
 
     def softmax(self, values: Tensor) -> Tensor:
         return segment_softmax(values, self.target, num_nodes=self.num_nodes, dim=-2)
+
+    def key_sum(self, values: Tensor) -> Tensor:
+        sums = scatter(values, self.target, dim=-2, dim_size=self.num_nodes, reduce="sum")
+        return sums.index_select(-2, self.target)
 
     def spread(self, per_key: Tensor) -> Tensor:
         return per_key.index_select(-2, self.source)

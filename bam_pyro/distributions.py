@@ -13,8 +13,11 @@ from typing import Optional
 import pyro.distributions as dist
 import torch
 from torch import Tensor
+from torch.distributions import constraints
 
 from .config import BamConfig
+
+EULER_GAMMA = 0.5772156649015329
 
 #: Smallest Gamma shape used: keeps lgamma'(alpha) ~ -1/alpha finite in float32 when
 #: ``Psi * beta`` underflows (beta=1e-15 times a tiny Psi), while the KL's gradient with
@@ -22,17 +25,68 @@ from .config import BamConfig
 MIN_GAMMA_SHAPE = 1e-30
 
 
+class MeanWeibull(dist.TorchDistribution):
+    """Weibull(k, lam) given its log-mean Phi: ``lam = exp(Phi) / Gamma(1 + 1/k)``, k a scalar.
+
+    The same law as ``torch.distributions.Weibull``, shaped for whole attention maps: it holds
+    Phi itself (no full-size scale, 1/k or base-rate tensors) and draws in log space,
+    ``log S = log lam + log(E) / k`` with ``E ~ Exp(1)``, so the sample's backward needs only S.
+    """
+
+    arg_constraints = {"log_mean": constraints.real}
+    support = constraints.positive
+    has_rsample = True
+
+    def __init__(self, log_mean: Tensor, concentration: float, validate_args: Optional[bool] = None) -> None:
+        self.log_mean, self.k = log_mean, float(concentration)
+        #: log Gamma(1 + 1/k): log of the mean over the scale
+        self.log_mean_factor = math.lgamma(1.0 + 1.0 / self.k)
+        super().__init__(log_mean.shape, validate_args=validate_args)
+
+    @property
+    def log_scale(self) -> Tensor:
+        return self.log_mean - self.log_mean_factor
+
+    @property
+    def scale(self) -> Tensor:
+        return self.log_scale.exp()
+
+    @property
+    def concentration(self) -> Tensor:
+        return self.log_mean.new_tensor(self.k).expand(self.batch_shape)
+
+    @property
+    def mean(self) -> Tensor:
+        return self.log_mean.exp()
+
+    @property
+    def variance(self) -> Tensor:
+        ratio = math.exp(math.lgamma(1.0 + 2.0 / self.k) - 2 * self.log_mean_factor)
+        return self.log_mean.mul(2).exp() * (ratio - 1.0)
+
+    def expand(self, batch_shape: torch.Size, _instance=None) -> "MeanWeibull":
+        return MeanWeibull(self.log_mean.expand(batch_shape), self.k, validate_args=False)
+
+    def rsample(self, sample_shape: torch.Size = torch.Size()) -> Tensor:
+        shape = self._extended_shape(sample_shape)
+        log_e = torch.empty(shape, dtype=self.log_mean.dtype, device=self.log_mean.device).exponential_().log_()
+        return torch.exp(self.log_mean + (log_e / self.k - self.log_mean_factor))
+
+    def log_prob(self, value: Tensor) -> Tensor:
+        z = value.log() - self.log_scale  # log(s / lam)
+        return math.log(self.k) - self.log_scale + (self.k - 1) * z - torch.exp(self.k * z)
+
+    def entropy(self) -> Tensor:
+        return EULER_GAMMA * (1 - 1 / self.k) + self.log_scale - math.log(self.k) + 1
+
+
 def variational_distribution(phi: Tensor, config: BamConfig) -> dist.TorchDistribution:
     """q(S | Phi): Weibull(k, exp(Phi) / Gamma(1 + 1/k)) or LogNormal(Phi - sigma^2/2, sigma)."""
     if config.family == "weibull":
-        k = config.k
-        scale = torch.exp(phi - math.lgamma(1.0 + 1.0 / k))
-        return dist.Weibull(scale, scale.new_tensor(k).expand_as(scale), validate_args=False)
+        return MeanWeibull(phi, config.k, validate_args=False)
     if config.family == "lognormal":
         sigma = config.sigma_q
-        return dist.LogNormal(
-            phi - 0.5 * sigma**2, torch.full_like(phi, sigma), validate_args=False
-        )
+        return dist.LogNormal(phi - 0.5 * sigma**2, phi.new_tensor(sigma).expand_as(phi), validate_args=False)
     raise ValueError(f"variant {config.variant!r} has no variational distribution")
 
 

@@ -10,11 +10,13 @@ Both are written to stay finite in float32 at the paper's extreme hyperparameter
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 from torch.distributions import Gamma, LogNormal, Weibull, register_kl
 
-EULER_GAMMA = 0.5772156649015329
+from .distributions import EULER_GAMMA, MeanWeibull
 
 
 def _compact(t: Tensor) -> Tensor:
@@ -28,24 +30,64 @@ def _compact(t: Tensor) -> Tensor:
     return t[index]
 
 
+def _weibull_gamma_constant(k: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
+    """The KL terms of k, alpha and beta only (compact shape).
+
+    ``lgamma(alpha)`` is evaluated as ``lgamma(1 + alpha) - log(alpha)``, exact and free of the
+    cancellation that plain ``lgamma`` suffers for alpha near 0.
+    """
+    log_gamma_alpha = torch.lgamma(1 + alpha) - torch.log(alpha)
+    return EULER_GAMMA * alpha / k + torch.log(k) - EULER_GAMMA - 1.0 - alpha * torch.log(beta) + log_gamma_alpha
+
+
 @register_kl(Weibull, Gamma)
 def kl_weibull_gamma(q: Weibull, p: Gamma) -> Tensor:
     """KL(Weibull(k, lam) || Gamma(alpha, beta)).
 
     = gamma*alpha/k - alpha*log(lam) + log(k) + beta*lam*Gamma(1 + 1/k) - gamma - 1
       - alpha*log(beta) + log Gamma(alpha)
-
-    ``lgamma(alpha)`` is evaluated as ``lgamma(1 + alpha) - log(alpha)``, exact and free of the
-    cancellation that plain ``lgamma`` suffers for alpha near 0.
     """
     k, lam = _compact(q.concentration), q.scale
     alpha, beta = _compact(p.concentration), _compact(p.rate)
-    log_gamma_alpha = torch.lgamma(1 + alpha) - torch.log(alpha)
-    constant = (  # terms of k, alpha and beta only: compact shape
-        EULER_GAMMA * alpha / k + torch.log(k) - EULER_GAMMA - 1.0 - alpha * torch.log(beta) + log_gamma_alpha
-    )
     mean_factor = beta * torch.exp(torch.lgamma(1 + k.reciprocal()))
-    return (constant - alpha * torch.log(lam) + mean_factor * lam).expand(torch.broadcast_shapes(lam.shape, alpha.shape, k.shape, beta.shape))
+    kl = _weibull_gamma_constant(k, alpha, beta) - alpha * torch.log(lam) + mean_factor * lam
+    return kl.expand(torch.broadcast_shapes(lam.shape, alpha.shape, k.shape, beta.shape))
+
+
+class _MeanWeibullGammaEntries(torch.autograd.Function):
+    """``beta * exp(Phi) - alpha * Phi`` whose backward keeps Phi and recomputes exp(Phi)."""
+
+    @staticmethod
+    def forward(ctx, log_mean: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
+        ctx.save_for_backward(log_mean, alpha, beta)
+        return beta * torch.exp(log_mean) - alpha * log_mean
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Optional[Tensor], ...]:
+        log_mean, alpha, beta = ctx.saved_tensors
+        grads: list[Optional[Tensor]] = [None, None, None]
+        if ctx.needs_input_grad[0]:
+            grads[0] = grad * (beta * torch.exp(log_mean) - alpha)
+        if ctx.needs_input_grad[1]:
+            grads[1] = (-grad * log_mean).sum_to_size(alpha.shape)
+        if ctx.needs_input_grad[2]:
+            grads[2] = (grad * torch.exp(log_mean)).sum_to_size(beta.shape)
+        return tuple(grads)
+
+
+@register_kl(MeanWeibull, Gamma)
+def kl_mean_weibull_gamma(q: MeanWeibull, p: Gamma) -> Tensor:
+    """The same KL for q given its log-mean Phi, where ``log lam = Phi - lgamma(1 + 1/k)`` and
+    ``lam * Gamma(1 + 1/k) = exp(Phi)``: constant + alpha*lgamma(1 + 1/k) - alpha*Phi + beta*exp(Phi).
+
+    The entry-wise part is recomputed in the backward pass instead of keeping exp(Phi), so the KL
+    of an attention map costs no saved map beyond Phi itself.
+    """
+    alpha, beta = _compact(p.concentration), _compact(p.rate)
+    k = alpha.new_tensor(q.k)
+    constant = _weibull_gamma_constant(k, alpha, beta) + alpha * q.log_mean_factor
+    entries = _MeanWeibullGammaEntries.apply(q.log_mean, alpha, beta)
+    return (constant + entries).expand(torch.broadcast_shapes(q.batch_shape, alpha.shape, beta.shape))
 
 
 @register_kl(LogNormal, LogNormal)

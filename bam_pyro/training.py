@@ -1,6 +1,8 @@
 """A generic SVI training loop: early stopping, progress, checkpoint and exact resume.
 
-One step is ``loss = elbo.differentiable_loss(model.model, guide, *args, **kwargs)``, a backward
+One step is ``loss = elbo.differentiable_loss(model.model, guide, *args, **kwargs)`` (by default
+:class:`~bam_pyro.elbo.AttentionMeanFieldELBO`: ``TraceMeanField_ELBO``'s loss, validated on the
+first step, without the densities it does not use), a backward
 pass and an optimizer step on the model's parameters (a plain ``torch.optim`` optimizer, so that
 weight decay and its state are the usual ones), then the annealing counter advances.
 
@@ -22,9 +24,9 @@ from typing import Any, Callable, Iterable, Optional
 import numpy as np
 import pyro
 import torch
-from pyro.infer import TraceMeanField_ELBO
 from tqdm.auto import tqdm
 
+from .elbo import AttentionMeanFieldELBO
 from .model import BamModel
 
 Batch = tuple[tuple, dict]  # (positional args, keyword args) of one model call
@@ -129,7 +131,7 @@ class SVITrainer:
         grad_clip: Optional[float] = None,
     ) -> None:
         self.model, self.guide, self.optimizer = model, guide, optimizer
-        self.elbo = elbo or TraceMeanField_ELBO()
+        self.elbo = elbo or AttentionMeanFieldELBO()
         self.checkpoint = Path(checkpoint) if checkpoint else None
         self.checkpoint_every = checkpoint_every
         self.grad_clip = grad_clip

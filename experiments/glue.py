@@ -24,13 +24,11 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 import pandas as pd
-import pyro
 import torch
 
 from analysis.metrics import sample_metrics
 from analysis.tables import summarize
 from bam_pyro import BamConfig, BayesianAttention, ObjectiveConfig, attention_sampling
-from bam_pyro.elbo import AttentionMeanFieldELBO
 from bam_pyro.training import SVITrainer, seed_everything
 from experiments.glue_data import TASKS, Encoded, batches, encode, read_split, task_metrics
 from experiments.runs import ResultsFile, add_run_arguments
@@ -139,7 +137,7 @@ def train_glue(
     spec = TASKS[settings.task]
     bam_model = build_sequence_model(settings.model, spec.num_labels, settings.config, settings.objective)
     optimizer = torch.optim.AdamW(bam_model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    trainer = SVITrainer(bam_model, AttentionGuide(bam_model.model), optimizer, elbo=AttentionMeanFieldELBO(),
+    trainer = SVITrainer(bam_model, AttentionGuide(bam_model.model), optimizer,
                          checkpoint=checkpoint, checkpoint_every=1, grad_clip=1.0)
     steps_per_epoch = -(-len(train) // settings.batch_size)
     total = steps_per_epoch * settings.epochs
@@ -211,7 +209,6 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     from transformers import AutoTokenizer
 
     torch.set_num_threads(args.threads)
-    pyro.enable_validation(False)  # inputs are built here; validation would add unused log-densities
     model = resolve_pretrained(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model)
     out = Path(args.out)

@@ -15,7 +15,7 @@ from bam_pyro import (
     attention_sampling,
     variational_distribution,
 )
-from bam_pyro.axes import log_normalized
+from bam_pyro.normalize import log_normalized
 from experiments.gat import PRESETS
 from guides import AttentionGuide
 from models.gat import build_node_classifier

@@ -8,13 +8,14 @@ import pyro
 import pytest
 import torch
 from pyro.infer import Predictive, TraceMeanField_ELBO
-from torch.distributions import Gamma, Weibull
+from torch.distributions import Gamma
 from torch.distributions import kl as torch_kl
 
 import pyro.distributions as dist
 
 from bam_pyro import BamConfig, BamModel, ObjectiveConfig
-from bam_pyro.kl import kl_weibull_gamma
+from bam_pyro.distributions import MeanWeibull
+from bam_pyro.kl import kl_mean_weibull_gamma
 from guides import AttentionGuide
 from models.gat import build_node_classifier
 
@@ -72,9 +73,9 @@ def test_analytic_kl_path_is_taken_not_the_monte_carlo_fallback(monkeypatch):
 
     def counting_kl(q, p):
         evaluated.append(tuple(q.batch_shape))
-        return kl_weibull_gamma(q, p)
+        return kl_mean_weibull_gamma(q, p)
 
-    monkeypatch.setitem(torch_kl._KL_REGISTRY, (Weibull, Gamma), counting_kl)
+    monkeypatch.setitem(torch_kl._KL_REGISTRY, (MeanWeibull, Gamma), counting_kl)
     monkeypatch.setattr(torch_kl, "_KL_MEMOIZE", {})
     pyro.set_rng_seed(0)
     analytic = TraceMeanField_ELBO().differentiable_loss(model.model, guide, x, edge_index, y=y)
@@ -83,7 +84,7 @@ def test_analytic_kl_path_is_taken_not_the_monte_carlo_fallback(monkeypatch):
     assert evaluated[0] == (edges, 8)  # every edge and head
 
     # Without the registration Pyro silently falls back to a Monte Carlo estimate: the loss changes.
-    monkeypatch.delitem(torch_kl._KL_REGISTRY, (Weibull, Gamma))
+    monkeypatch.delitem(torch_kl._KL_REGISTRY, (MeanWeibull, Gamma))
     monkeypatch.setattr(torch_kl, "_KL_MEMOIZE", {})
     pyro.set_rng_seed(0)
     fallback = TraceMeanField_ELBO().differentiable_loss(model.model, guide, x, edge_index, y=y)

@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch.distributions import Gamma, LogNormal, Weibull, kl_divergence
 
-from bam_pyro.kl import kl_lognormal_lognormal, kl_weibull_gamma
+from bam_pyro.distributions import MeanWeibull
+from bam_pyro.kl import kl_lognormal_lognormal, kl_mean_weibull_gamma, kl_weibull_gamma
 
 
 def monte_carlo_kl(q, p, n=400_000):
@@ -37,6 +38,40 @@ def test_weibull_gamma_matches_monte_carlo(k, lam, alpha, beta):
     assert abs(exact - estimate) < 5 * stderr + 1e-9 * abs(exact), (exact, estimate, stderr)
 
 
+@pytest.mark.parametrize("k, lam, alpha, beta", WEIBULL_GAMMA_CASES)
+def test_mean_weibull_is_the_same_law_with_the_same_kl(k, lam, alpha, beta):
+    """q as the attention layers build it (from its log-mean) against torch's Weibull: the same
+    density, mean, entropy and KL; its log-space samples pass the Monte Carlo KL check too."""
+    d = torch.float64
+    reference = Weibull(torch.tensor(lam, dtype=d), torch.tensor(k, dtype=d))
+    q = MeanWeibull(reference.mean.log(), k)
+    p = Gamma(torch.tensor(alpha, dtype=d), torch.tensor(beta, dtype=d))
+    s = reference.sample((1000,))
+    assert torch.allclose(q.log_prob(s), reference.log_prob(s), rtol=1e-9)
+    assert torch.allclose(q.scale, reference.scale, rtol=1e-12)
+    assert q.entropy().item() == pytest.approx(reference.entropy().item(), rel=1e-9, abs=1e-12)
+    assert kl_divergence(q, p).item() == pytest.approx(kl_weibull_gamma(reference, p).item(), rel=1e-9)
+    estimate, stderr = monte_carlo_kl(q, p)
+    exact = kl_mean_weibull_gamma(q, p)
+    assert abs(exact - estimate) < 5 * stderr + 1e-9 * abs(exact), (exact, estimate, stderr)
+
+
+def test_mean_weibull_kl_gradients_equal_the_plain_formula():
+    """The KL's recomputing backward gives the gradients of the textbook expression."""
+    phi = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
+    log_alpha = torch.randn(1, 5, dtype=torch.float64, requires_grad=True)
+    beta, k = torch.tensor(0.3, dtype=torch.float64), 2.5
+
+    def prior():
+        return Gamma(log_alpha.exp().expand(6, 5), beta.expand(6, 5))
+
+    lean = torch.autograd.grad(kl_divergence(MeanWeibull(phi, k), prior()).pow(2).sum(), (phi, log_alpha))
+    plain_q = Weibull(torch.exp(phi - math.lgamma(1 + 1 / k)), torch.tensor(k, dtype=torch.float64))
+    plain = torch.autograd.grad(kl_weibull_gamma(plain_q, prior()).pow(2).sum(), (phi, log_alpha))
+    for a, b in zip(lean, plain):
+        assert torch.allclose(a, b, rtol=1e-10)
+
+
 def test_weibull_gamma_formula_term_by_term():
     """An independent transcription of the paper's formula, in float64."""
     k, lam, alpha, beta = 3.0, 0.7, 0.4, 2.0
@@ -64,6 +99,7 @@ def test_lognormal_matches_monte_carlo(m1, s1, m2, s2):
 def test_registered_kls_are_ours():
     q, p = Weibull(torch.tensor(1.0), torch.tensor(1.0)), Gamma(torch.tensor(1.0), torch.tensor(1.0))
     assert torch.distributions.kl._dispatch_kl(type(q), type(p)) is kl_weibull_gamma
+    assert torch.distributions.kl._dispatch_kl(MeanWeibull, type(p)) is kl_mean_weibull_gamma
     ql = LogNormal(torch.tensor(0.0), torch.tensor(1.0))
     assert torch.distributions.kl._dispatch_kl(type(ql), type(ql)) is kl_lognormal_lognormal
 
@@ -82,7 +118,7 @@ def test_lognormal_extreme_scales_are_finite_in_float32():
 def test_weibull_gamma_float32_extremes_finite_with_finite_gradients(k, beta, alpha):
     phi = torch.linspace(-46.0, 0.0, 50, requires_grad=True)
     log_alpha = torch.full((50,), math.log(alpha), requires_grad=True)
-    q = Weibull(phi.exp(), torch.tensor(k))
+    q = MeanWeibull(phi, k)  # as the attention layers build q
     p = Gamma(log_alpha.exp(), torch.tensor(beta))
     kl = kl_divergence(q, p)
     assert torch.isfinite(kl).all()

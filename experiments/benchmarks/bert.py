@@ -3,13 +3,17 @@
     python -m experiments.bench bert [--model PATH_OR_NAME --batch 16 --length 128 --steps 10]
 
 Prints one JSON line: median SVI step time (``soft_ms``, ``bam_ms``, ``time_ratio``) and peak
-memory (``soft_peak_mb``, ``bam_peak_mb``, ``mem_ratio``). Each variant runs in its own fresh
-process, so that a process's peak resident memory is its own; the peak reported is the peak
-resident set during setup and training minus the resident set right after the imports, i.e. the
-memory of the model, the optimizer and the training step (``*_rss_mb`` give the raw process peaks).
+memory (``soft_peak_mb``, ``bam_peak_mb``, ``mem_ratio``). Each variant is timed in one fresh
+process and measured for memory in another, so that a process's peak resident memory is its own.
+The memory process runs with glibc handing every block of 64 KiB or more straight back to the OS
+(``MALLOC_MMAP_THRESHOLD_``, as in ``experiments.bench gat``), so that resident memory follows
+live tensors rather than the allocator's cache; the peak reported is the peak resident set during
+setup and training minus the resident set right after the imports, i.e. the memory of the model,
+the optimizer and the training step (``*_rss_mb`` give the raw process peaks). That setting slows
+allocation down, which is why the times come from the other process.
 The soft model is the unmodified transformers model (its default attention); BAM-WC swaps in
 Bayesian attention through :func:`models.transformers_bam.to_bam`. Both train with
-:class:`bam_pyro.elbo.AttentionMeanFieldELBO` and Pyro's validation off, as ``experiments.glue`` does.
+:class:`~bam_pyro.training.SVITrainer`'s default ELBO, as ``experiments.glue`` does.
 """
 
 from __future__ import annotations
@@ -39,23 +43,20 @@ def _peak_rss_mb() -> float:
 
 def measure(variant: str, model: str, batch: int, length: int, steps: int, warmup: int, threads: int, k: float) -> dict[str, float]:
     """Median step time (ms) and peak memory (MB) of ``steps`` SVI steps after ``warmup`` steps."""
-    import pyro
     import torch
 
     from bam_pyro import BamConfig, ObjectiveConfig
-    from bam_pyro.elbo import AttentionMeanFieldELBO
     from bam_pyro.training import SVITrainer, seed_everything
     from guides import AttentionGuide
     from models.transformers_bam import build_sequence_model
 
     torch.set_num_threads(threads)
-    pyro.enable_validation(False)
     base = _rss_mb()
     seed_everything(0)
     config = BamConfig(variant=variant, k=k, beta=1e-2, d_mid=5)
     bam_model = build_sequence_model(model, 2, config, ObjectiveConfig())
     optimizer = torch.optim.AdamW(bam_model.parameters(), lr=2e-5)
-    trainer = SVITrainer(bam_model, AttentionGuide(bam_model.model), optimizer, elbo=AttentionMeanFieldELBO())
+    trainer = SVITrainer(bam_model, AttentionGuide(bam_model.model), optimizer)
     vocab = bam_model.network.model.config.vocab_size
     ids = torch.randint(1000, vocab, (batch, length))
     args = (ids, torch.ones_like(ids), torch.zeros_like(ids))
@@ -69,9 +70,22 @@ def measure(variant: str, model: str, batch: int, length: int, steps: int, warmu
     return {"ms": statistics.median(times), "peak_mb": _peak_rss_mb() - base, "rss_mb": _peak_rss_mb()}
 
 
-def _in_fresh_process(variant: str, options: dict[str, Any]) -> dict[str, float]:
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(measure, (variant,), options)
+def _in_fresh_process(variant: str, options: dict[str, Any], environment: Optional[dict[str, str]] = None) -> dict[str, float]:
+    """``measure`` in a new process started with ``environment`` added to this one's."""
+    saved = dict(os.environ)
+    os.environ.update(environment or {})
+    try:
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            return pool.apply(measure, (variant,), options)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _time_and_memory(variant: str, options: dict[str, Any]) -> dict[str, float]:
+    timed = _in_fresh_process(variant, options)
+    memory = _in_fresh_process(variant, {**options, "steps": 1, "warmup": 1}, {"MALLOC_MMAP_THRESHOLD_": "65536"})
+    return {"ms": timed["ms"], "peak_mb": memory["peak_mb"], "rss_mb": memory["rss_mb"]}
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
@@ -87,7 +101,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     options = dict(model=resolve_pretrained(args.model), batch=args.batch, length=args.length, steps=args.steps,
                    warmup=args.warmup, threads=args.threads, k=args.k)
-    soft, bam = _in_fresh_process("soft", options), _in_fresh_process("wc", options)
+    soft, bam = _time_and_memory("soft", options), _time_and_memory("wc", options)
     result = {
         "model": args.model, "batch": args.batch, "length": args.length, "threads": args.threads,
         "soft_ms": round(soft["ms"], 1), "bam_ms": round(bam["ms"], 1),

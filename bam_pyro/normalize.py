@@ -1,0 +1,78 @@
+"""Normalization over each query's keys, with backward passes that keep no extra attention maps.
+
+An attention map (``[B, H, L, L]`` dense, or ``[E, H]`` over edges) is the unit of memory of
+Bayesian attention. Written as plain torch expressions, ``Phi = log(softmax(scores) + 1e-20)`` and
+``W = softmax(log S)`` each leave two or three full maps saved for the backward pass; here each
+saves only a tensor the step holds anyway (Phi, the guide's parameter; S, the site's value) and
+recomputes the rest when the gradient is needed. Both work on any
+:class:`~bam_pyro.axes.AttentionAxis`, dense or sparse.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .axes import AttentionAxis
+
+#: The reference code's floor inside ``log(softmax + eps)``: keeps Phi >= log(1e-20), finite
+#: also on masked entries, which Pyro masks with ``torch.where`` (an inf there poisons gradients).
+LOG_FLOOR = 1e-20
+
+_TINY = torch.finfo(torch.float32).tiny
+
+
+class _LogNormalized(torch.autograd.Function):
+    """Phi = log(p + eps), p = softmax over keys; the backward recomputes p from Phi."""
+
+    @staticmethod
+    def forward(ctx, scores: Tensor, axis: AttentionAxis) -> Tensor:
+        phi = torch.log(axis.softmax(scores) + LOG_FLOOR)
+        ctx.axis = axis
+        ctx.save_for_backward(phi)
+        return phi
+
+    @staticmethod
+    def backward(ctx, grad_phi: Tensor) -> tuple[Tensor, None]:
+        (phi,) = ctx.saved_tensors
+        shifted = torch.exp(phi)  # p + eps
+        p = shifted - LOG_FLOOR
+        g = grad_phi * p / shifted  # d/dp of log(p + eps), times p
+        return g - p * ctx.axis.key_sum(g), None
+
+
+def log_normalized(axis: AttentionAxis, values: Tensor) -> Tensor:
+    """``log(softmax(values) + 1e-20)`` over each query's keys: finite everywhere."""
+    if not (torch.is_grad_enabled() and values.requires_grad):
+        return torch.log(axis.softmax(values) + LOG_FLOOR)
+    return _LogNormalized.apply(values, axis)
+
+
+def _weights(axis: AttentionAxis, s: Tensor) -> Tensor:
+    return axis.softmax(s.clamp_min(_TINY).log())
+
+
+class _Normalize(torch.autograd.Function):
+    """W = softmax(log S); the backward keeps S and recomputes W from it."""
+
+    @staticmethod
+    def forward(ctx, s: Tensor, axis: AttentionAxis) -> Tensor:
+        ctx.axis = axis
+        ctx.save_for_backward(s)
+        return _weights(axis, s)
+
+    @staticmethod
+    def backward(ctx, grad_w: Tensor) -> tuple[Tensor, None]:
+        (s,) = ctx.saved_tensors
+        w = _weights(ctx.axis, s)
+        g = w * grad_w
+        grad_log_s = g - w * ctx.axis.key_sum(g)
+        return torch.where(s >= _TINY, grad_log_s / s.clamp_min(_TINY), 0.0), None
+
+
+def normalize(axis: AttentionAxis, s: Tensor) -> Tensor:
+    """``W = S / sum_keys S``, computed in log space (``softmax(log S)``) so that no S over- or
+    underflows it. The backward keeps only S and recomputes W."""
+    if not (torch.is_grad_enabled() and s.requires_grad):
+        return _weights(axis, s)
+    return _Normalize.apply(s, axis)
