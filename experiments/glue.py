@@ -215,7 +215,7 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     results = ResultsFile(out, ("task", "variant", "seed"))
     overrides = {name: getattr(args, name) for name in OVERRIDES}
     for task in args.task:
-        settings = [settings_for(task, v, s, model, overrides) for v in args.variant for s in args.seeds]
+        settings = [settings_for(task, v, s, model, overrides) for s in args.seeds for v in args.variant]  # paired by seed
         max_length, max_train = settings[0].max_length, settings[0].max_train
         train = encode(subset(read_split(task, "train", args.data_root), max_train), tokenizer, max_length)
         dev = encode(read_split(task, "dev", args.data_root), tokenizer, max_length)
