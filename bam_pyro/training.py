@@ -163,17 +163,22 @@ class SVITrainer:
         early_stopping: Optional[EarlyStopping] = None,
         progress: bool = True,
         description: str = "train",
+        steps_per_epoch: Optional[int] = None,
     ) -> FitResult:
         """Train for up to ``max_epochs`` epochs, each one pass over ``batches()`` followed by
         ``evaluate()`` (called in eval mode, returns validation metrics). At the end the model holds
-        the best epoch's parameters when early stopping is on."""
+        the best epoch's parameters when early stopping is on. With ``steps_per_epoch`` (epochs of
+        many batches), a second progress bar follows the steps of the current epoch."""
         if self.checkpoint is not None and self.checkpoint.exists():
             self.load(self.checkpoint, early_stopping)
         start = time.perf_counter()
         stopped = early_stopping is not None and early_stopping.waited >= early_stopping.patience
         bar = tqdm(total=max_epochs, initial=self.epoch, desc=description, disable=not progress, dynamic_ncols=True, leave=False)
         while self.epoch < max_epochs and not stopped:
-            losses = [self.step(*args, **kwargs) for args, kwargs in batches()]
+            epoch_batches = batches()
+            if progress and steps_per_epoch:
+                epoch_batches = tqdm(epoch_batches, total=steps_per_epoch, desc=f"epoch {self.epoch + 1}", dynamic_ncols=True, leave=False)
+            losses = [self.step(*args, **kwargs) for args, kwargs in epoch_batches]
             self.model.eval()
             with torch.no_grad():
                 metrics = evaluate()

@@ -154,7 +154,7 @@ def train_glue(
         return {f"dev_{k}": v for k, v in dev_metrics(settings.task, *predict(bam_model.network, dev, settings.batch_size, pad_id)).items()}
 
     description = f"{settings.task}/{settings.variant}/seed{settings.seed}"
-    result = trainer.fit(epoch_batches, evaluate, settings.epochs, None, progress, description)
+    result = trainer.fit(epoch_batches, evaluate, settings.epochs, None, progress, description, steps_per_epoch)
     final = result.history[-1]
     row = {**settings.row(), **{k: v for k, v in final.items() if k.startswith("dev_")},
            "train_loss": final["loss"], "seconds": round(result.seconds, 1)}
