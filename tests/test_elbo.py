@@ -15,6 +15,7 @@ import pyro.distributions as dist
 
 from bam_pyro import BamConfig, BamModel, ObjectiveConfig
 from bam_pyro.distributions import MeanWeibull
+from bam_pyro.elbo import AttentionMeanFieldELBO
 from bam_pyro.kl import kl_mean_weibull_gamma
 from guides import AttentionGuide
 from models.gat import build_node_classifier
@@ -190,3 +191,22 @@ def test_batched_dense_attention_in_a_pyro_model_trains_and_predicts():
     assert weights.shape == (6, 1, 8, 4, 5, 5)
     assert (weights[:, :, :3, ..., 3:] == 0).all()
     assert not torch.allclose(weights[0], weights[1])  # distinct posterior draws
+
+
+def test_attention_elbo_equals_trace_mean_field_before_and_after_validation():
+    """The trainer's default ELBO skips unused densities (and, after its first call, Pyro's
+    validation) without changing the loss or its gradient."""
+    x, edge_index, y = random_graph()
+    model = build_node_classifier(x.size(1), 3, BamConfig("wc", k=2.0, beta=0.5), ObjectiveConfig()).eval()
+    guide = AttentionGuide(model.model)
+    lean = AttentionMeanFieldELBO()
+    for call in range(2):
+        losses, grads = [], []
+        for elbo in (TraceMeanField_ELBO(), lean):
+            pyro.set_rng_seed(call)
+            loss = elbo.differentiable_loss(model.model, guide, x, edge_index, y=y)
+            grads.append(torch.autograd.grad(loss, model.network.conv1.att_src)[0])
+            losses.append(loss.item())
+        assert losses[1] == pytest.approx(losses[0], rel=1e-6)
+        assert torch.allclose(grads[1], grads[0], rtol=1e-5, atol=1e-8)
+    assert lean._validated
