@@ -3,14 +3,15 @@
     python -m experiments.bench bert [--model PATH_OR_NAME --batch 16 --length 128 --steps 10]
 
 Prints one JSON line: median SVI step time (``soft_ms``, ``bam_ms``, ``time_ratio``) and peak
-memory (``soft_peak_mb``, ``bam_peak_mb``, ``mem_ratio``). Each variant is timed in one fresh
-process and measured for memory in another, so that a process's peak resident memory is its own.
-The memory process runs with glibc handing every block of 64 KiB or more straight back to the OS
-(``MALLOC_MMAP_THRESHOLD_``, as in ``experiments.bench gat``), so that resident memory follows
-live tensors rather than the allocator's cache; the peak reported is the peak resident set during
-setup and training minus the resident set right after the imports, i.e. the memory of the model,
-the optimizer and the training step (``*_rss_mb`` give the raw process peaks). That setting slows
-allocation down, which is why the times come from the other process.
+memory (``soft_peak_mb``, ``bam_peak_mb``, ``mem_ratio``). Times come from one fresh process where
+both models take their steps in turn (so that both see the same machine conditions); memory from
+one fresh process per variant, so that a process's peak resident memory is its own. Those run with
+glibc handing every block of 64 KiB or more straight back to the OS (``MALLOC_MMAP_THRESHOLD_``, as
+in ``experiments.bench gat``), so that resident memory follows live tensors rather than the
+allocator's cache; the peak reported is the peak resident set during setup and two training steps
+minus the resident set right after the imports, i.e. the memory of the model, the optimizer and
+the training step (``*_rss_mb`` give the raw process peaks). That setting slows allocation down,
+which is why the times come from another process.
 The soft model is the unmodified transformers model (its default attention); BAM-WC swaps in
 Bayesian attention through :func:`models.transformers_bam.to_bam`. Both train with
 :class:`~bam_pyro.training.SVITrainer`'s default ELBO, as ``experiments.glue`` does.
@@ -25,7 +26,7 @@ import os
 import resource
 import statistics
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from models.transformers_bam import DEFAULT_MODEL, resolve_pretrained
 
@@ -41,8 +42,8 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
 
 
-def measure(variant: str, model: str, batch: int, length: int, steps: int, warmup: int, threads: int, k: float) -> dict[str, float]:
-    """Median step time (ms) and peak memory (MB) of ``steps`` SVI steps after ``warmup`` steps."""
+def _training_step(variant: str, model: str, batch: int, length: int, k: float) -> Callable[[], float]:
+    """One SVI step of ``variant`` on a fixed random batch (seeded: the same batch for every variant)."""
     import torch
 
     from bam_pyro import BamConfig, ObjectiveConfig
@@ -50,42 +51,58 @@ def measure(variant: str, model: str, batch: int, length: int, steps: int, warmu
     from guides import AttentionGuide
     from models.transformers_bam import build_sequence_model
 
-    torch.set_num_threads(threads)
-    base = _rss_mb()
     seed_everything(0)
     config = BamConfig(variant=variant, k=k, beta=1e-2, d_mid=5)
     bam_model = build_sequence_model(model, 2, config, ObjectiveConfig())
     optimizer = torch.optim.AdamW(bam_model.parameters(), lr=2e-5)
     trainer = SVITrainer(bam_model, AttentionGuide(bam_model.model), optimizer)
     vocab = bam_model.network.model.config.vocab_size
-    ids = torch.randint(1000, vocab, (batch, length))
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(1000, vocab, (batch, length), generator=generator)
     args = (ids, torch.ones_like(ids), torch.zeros_like(ids))
-    labels = torch.randint(0, 2, (batch,))
-    times = []
+    labels = torch.randint(0, 2, (batch,), generator=generator)
+    return lambda: trainer.step(*args, labels=labels)
+
+
+def measure_time(variants: list[str], model: str, batch: int, length: int, steps: int, warmup: int, threads: int, k: float) -> dict[str, float]:
+    """Median step time (ms) of each variant over ``steps`` steps after ``warmup``, the variants
+    taking their steps in turn so that they share the machine's conditions."""
+    import torch
+
+    torch.set_num_threads(threads)
+    step_of = {variant: _training_step(variant, model, batch, length, k) for variant in variants}
+    times: dict[str, list[float]] = {variant: [] for variant in variants}
     for step in range(warmup + steps):
-        start = time.perf_counter()
-        trainer.step(*args, labels=labels)
-        if step >= warmup:
-            times.append(1000 * (time.perf_counter() - start))
-    return {"ms": statistics.median(times), "peak_mb": _peak_rss_mb() - base, "rss_mb": _peak_rss_mb()}
+        for variant, training_step in step_of.items():
+            start = time.perf_counter()
+            training_step()
+            if step >= warmup:
+                times[variant].append(1000 * (time.perf_counter() - start))
+    return {variant: statistics.median(t) for variant, t in times.items()}
 
 
-def _in_fresh_process(variant: str, options: dict[str, Any], environment: Optional[dict[str, str]] = None) -> dict[str, float]:
-    """``measure`` in a new process started with ``environment`` added to this one's."""
+def measure_memory(variant: str, model: str, batch: int, length: int, threads: int, k: float) -> dict[str, float]:
+    """Peak memory (MB) of setting up ``variant`` and taking two steps, above the imports."""
+    import torch
+
+    torch.set_num_threads(threads)
+    base = _rss_mb()
+    training_step = _training_step(variant, model, batch, length, k)
+    for _ in range(2):
+        training_step()
+    return {"peak_mb": _peak_rss_mb() - base, "rss_mb": _peak_rss_mb()}
+
+
+def _in_fresh_process(function: Callable, arguments: tuple, environment: Optional[dict[str, str]] = None) -> Any:
+    """``function(*arguments)`` in a new process started with ``environment`` added to this one's."""
     saved = dict(os.environ)
     os.environ.update(environment or {})
     try:
         with multiprocessing.get_context("spawn").Pool(1) as pool:
-            return pool.apply(measure, (variant,), options)
+            return pool.apply(function, arguments)
     finally:
         os.environ.clear()
         os.environ.update(saved)
-
-
-def _time_and_memory(variant: str, options: dict[str, Any]) -> dict[str, float]:
-    timed = _in_fresh_process(variant, options)
-    memory = _in_fresh_process(variant, {**options, "steps": 1, "warmup": 1}, {"MALLOC_MMAP_THRESHOLD_": "65536"})
-    return {"ms": timed["ms"], "peak_mb": memory["peak_mb"], "rss_mb": memory["rss_mb"]}
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
@@ -99,9 +116,13 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     p.add_argument("--k", type=float, default=10.0, help="Weibull shape of BAM-WC")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    options = dict(model=resolve_pretrained(args.model), batch=args.batch, length=args.length, steps=args.steps,
-                   warmup=args.warmup, threads=args.threads, k=args.k)
-    soft, bam = _time_and_memory("soft", options), _time_and_memory("wc", options)
+    model = resolve_pretrained(args.model)
+    ms = _in_fresh_process(measure_time, (["soft", "wc"], model, args.batch, args.length, args.steps, args.warmup, args.threads, args.k))
+    soft, bam = (
+        {"ms": ms[variant], **_in_fresh_process(measure_memory, (variant, model, args.batch, args.length, args.threads, args.k),
+                                                {"MALLOC_MMAP_THRESHOLD_": "65536"})}
+        for variant in ("soft", "wc")
+    )
     result = {
         "model": args.model, "batch": args.batch, "length": args.length, "threads": args.threads,
         "soft_ms": round(soft["ms"], 1), "bam_ms": round(bam["ms"], 1),

@@ -3,9 +3,10 @@
     python -m experiments.bench gat                              Cora (real data when present)
     python -m experiments.bench gat --nodes 200000 --edges 2000000   a random graph of that size
 
-Each model runs in its own subprocesses (same data, same threads). Times are medians over the
-timed steps. CPU torch keeps no allocator statistics, so memory is read from the kernel in a
-separate subprocess where glibc hands every block of 64 KiB or more straight back to the OS
+Times come from one subprocess that builds all models and takes their steps in turn (round-robin),
+so that every model sees the same machine conditions; each time is the median over its timed steps.
+CPU torch keeps no allocator statistics, so memory is read from the kernel in one subprocess per
+model, where glibc hands every block of 64 KiB or more straight back to the OS
 (``MALLOC_MMAP_THRESHOLD_``), making resident memory follow live tensors: ``*_peak_mb`` is the
 peak resident memory during the training steps (the kernel's high-water mark, reset just before
 them) minus the resident memory before them, i.e. what a step needs on top of data and parameters. GATConv and soft are plain
@@ -100,22 +101,26 @@ def resident_kib(field: str) -> int:
 
 
 def worker(args: argparse.Namespace) -> dict:
+    """Memory: the step of model ``args.worker`` alone. Time: all of ``args.models``, in turn."""
     torch.set_num_threads(args.threads)
     x, edge_index, y, train, num_classes, description = graph(args.nodes, args.edges, args.features, args.data_root)
-    step = step_function(args.worker, x, edge_index, y, train, num_classes)
-    step()  # first step: lazy initialization
+    names = [args.worker] if args.measure == "memory" else args.models
+    steps = {name: step_function(name, x, edge_index, y, train, num_classes) for name in names}
+    for step in steps.values():
+        step()  # first step: lazy initialization
     gc.collect()
     if args.measure == "memory":
         before = resident_kib("VmRSS")
         Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark
-        step()
+        steps[args.worker]()
         return {"peak_mb": max(resident_kib("VmHWM") - before, 0) / 1024, "graph": description}
-    times = []
+    times: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(args.steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return {"ms": 1000 * statistics.median(times), "graph": description}
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    return {"ms": {name: 1000 * statistics.median(t) for name, t in times.items()}, "graph": description}
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -127,7 +132,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--data-root", default=None)
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
-    p.add_argument("--worker", choices=MODELS, help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=(*MODELS, "all"), help=argparse.SUPPRESS)
     p.add_argument("--measure", choices=("time", "memory"), default="time", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if (args.nodes is None) != (args.edges is None):
@@ -138,15 +143,17 @@ def main(argv: Optional[list[str]] = None) -> None:
         print(json.dumps(worker(args)))
         return
     passthrough = list(argv if argv is not None else sys.argv[2:])
-    figures: dict[str, dict] = {}
-    for name in args.models:
-        for measure in ("time", "memory"):
-            env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536") if measure == "memory" else None
-            out = subprocess.run(
-                [sys.executable, "-m", "experiments.benchmarks.gat", *passthrough, "--worker", name, "--measure", measure],
-                check=True, capture_output=True, text=True, env=env,
-            )
-            figures.setdefault(name, {}).update(json.loads(out.stdout.strip().splitlines()[-1]))
+
+    def run_worker(name: str, measure: str) -> dict:
+        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536") if measure == "memory" else None
+        out = subprocess.run(
+            [sys.executable, "-m", "experiments.benchmarks.gat", *passthrough, "--worker", name, "--measure", measure],
+            check=True, capture_output=True, text=True, env=env,
+        )
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    timed = run_worker("all", "time")
+    figures = {name: {"ms": timed["ms"][name], "graph": timed["graph"], **run_worker(name, "memory")} for name in args.models}
     result = {"graph": next(iter(figures.values()))["graph"], "threads": args.threads, "steps": args.steps}
     key = {"gatconv": "gatconv", "soft": "soft", "wc": "bam"}
     for name, fig in figures.items():
