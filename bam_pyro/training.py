@@ -187,8 +187,8 @@ class SVITrainer:
             if early_stopping is not None:
                 stopped = early_stopping.update(metrics, self.epoch, self.model)
             self.epoch += 1
-            bar.update(1)
             bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k != "epoch"}, refresh=False)
+            bar.update(1)  # draws the bar with this epoch's figures
             if self.checkpoint is not None and (self.epoch % self.checkpoint_every == 0 or stopped):
                 self.save(self.checkpoint, early_stopping)
         bar.close()
