@@ -27,6 +27,9 @@ class AttentionAxis(Protocol):
     event_dim: int
     #: boolean tensor of valid entries (broadcastable to the entries), or None if all are valid
     mask: Optional[Tensor]
+    #: backward passes recompute entry-sized intermediates instead of keeping them (see
+    #: :mod:`bam_pyro.normalize`): worth it where entries are many (dense maps)
+    recompute: bool
 
     def softmax(self, values: Tensor) -> Tensor:
         """Normalize per-entry values over each query's keys."""
@@ -50,6 +53,8 @@ class DenseKeys:
     attention call covers the whole batch (its KL is the sum over the batch either way), so the
     network needs no data plate around it and only the likelihood declares one.
     """
+
+    recompute = True  # maps grow with the square of the length
 
     def __init__(self, mask: Optional[Tensor] = None, batch_shape: torch.Size = torch.Size()) -> None:
         if mask is not None:
@@ -89,6 +94,7 @@ class EdgeKeys:
 
     event_dim = 2
     mask = None
+    recompute = False  # entries grow with the edges only
 
     def __init__(self, edge_index: Tensor, num_nodes: int) -> None:
         if edge_index.dim() != 2 or edge_index.size(0) != 2:

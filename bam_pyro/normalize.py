@@ -4,8 +4,9 @@ An attention map (``[B, H, L, L]`` dense, or ``[E, H]`` over edges) is the unit 
 Bayesian attention. Written as plain torch expressions, ``Phi = log(softmax(scores) + 1e-20)`` and
 ``W = softmax(log S)`` each leave two or three full maps saved for the backward pass; here each
 saves only a tensor the step holds anyway (Phi, the guide's parameter; S, the site's value) and
-recomputes the rest when the gradient is needed. Both work on any
-:class:`~bam_pyro.axes.AttentionAxis`, dense or sparse.
+recomputes the rest when the gradient is needed, if the axis says so (``recompute``: dense maps,
+quadratic in the length); over edges, where entries are few, they keep the softmax instead, which
+saves a segment softmax per call. Both work on any :class:`~bam_pyro.axes.AttentionAxis`.
 """
 
 from __future__ import annotations
@@ -23,20 +24,25 @@ _TINY = torch.finfo(torch.float32).tiny
 
 
 class _LogNormalized(torch.autograd.Function):
-    """Phi = log(p + eps), p = softmax over keys; the backward recomputes p from Phi."""
+    """Phi = log(p + eps), p = softmax over keys; the backward keeps Phi and recomputes p from it
+    (or keeps p, if the axis does not recompute)."""
 
     @staticmethod
     def forward(ctx, scores: Tensor, axis: AttentionAxis) -> Tensor:
-        phi = torch.log(axis.softmax(scores) + LOG_FLOOR)
+        p = axis.softmax(scores)
+        phi = torch.log(p + LOG_FLOOR)
         ctx.axis = axis
-        ctx.save_for_backward(phi)
+        ctx.save_for_backward(phi if axis.recompute else p)
         return phi
 
     @staticmethod
     def backward(ctx, grad_phi: Tensor) -> tuple[Tensor, None]:
-        (phi,) = ctx.saved_tensors
-        shifted = torch.exp(phi)  # p + eps
-        p = shifted - LOG_FLOOR
+        (saved,) = ctx.saved_tensors
+        if ctx.axis.recompute:
+            shifted = torch.exp(saved)  # p + eps
+            p = shifted - LOG_FLOOR
+        else:
+            p, shifted = saved, saved + LOG_FLOOR
         g = grad_phi * p / shifted  # d/dp of log(p + eps), times p
         return g - p * ctx.axis.key_sum(g), None
 
@@ -53,18 +59,21 @@ def _weights(axis: AttentionAxis, s: Tensor) -> Tensor:
 
 
 class _Normalize(torch.autograd.Function):
-    """W = softmax(log S); the backward keeps S and recomputes W from it."""
+    """W = softmax(log S); the backward keeps S and recomputes W from it (or keeps W, if the axis
+    does not recompute)."""
 
     @staticmethod
     def forward(ctx, s: Tensor, axis: AttentionAxis) -> Tensor:
+        w = _weights(axis, s)
         ctx.axis = axis
-        ctx.save_for_backward(s)
-        return _weights(axis, s)
+        ctx.save_for_backward(s, None if axis.recompute else w)
+        return w
 
     @staticmethod
     def backward(ctx, grad_w: Tensor) -> tuple[Tensor, None]:
-        (s,) = ctx.saved_tensors
-        w = _weights(ctx.axis, s)
+        s, w = ctx.saved_tensors
+        if w is None:
+            w = _weights(ctx.axis, s)
         g = w * grad_w
         grad_log_s = g - w * ctx.axis.key_sum(g)
         return torch.where(s >= _TINY, grad_log_s / s.clamp_min(_TINY), 0.0), None
