@@ -23,6 +23,10 @@ LOG_FLOOR = 1e-20
 _TINY = torch.finfo(torch.float32).tiny
 
 
+def _log_floored(p: Tensor) -> Tensor:
+    return torch.log(p + LOG_FLOOR)
+
+
 class _LogNormalized(torch.autograd.Function):
     """Phi = log(p + eps), p = softmax over keys; the backward keeps Phi and recomputes p from it
     (or keeps p, if the axis does not recompute)."""
@@ -30,7 +34,7 @@ class _LogNormalized(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores: Tensor, axis: AttentionAxis) -> Tensor:
         p = axis.softmax(scores)
-        phi = torch.log(p + LOG_FLOOR)
+        phi = _log_floored(p)
         ctx.axis = axis
         ctx.save_for_backward(phi if axis.recompute else p)
         return phi
@@ -50,7 +54,7 @@ class _LogNormalized(torch.autograd.Function):
 def log_normalized(axis: AttentionAxis, values: Tensor) -> Tensor:
     """``log(softmax(values) + 1e-20)`` over each query's keys: finite everywhere."""
     if not (torch.is_grad_enabled() and values.requires_grad):
-        return torch.log(axis.softmax(values) + LOG_FLOOR)
+        return _log_floored(axis.softmax(values))
     return _LogNormalized.apply(values, axis)
 
 
@@ -81,7 +85,7 @@ class _Normalize(torch.autograd.Function):
 
 def normalize(axis: AttentionAxis, s: Tensor) -> Tensor:
     """``W = S / sum_keys S``, computed in log space (``softmax(log S)``) so that no S over- or
-    underflows it. The backward keeps only S and recomputes W."""
+    underflows it. The backward keeps S (and W only where the axis does not recompute)."""
     if not (torch.is_grad_enabled() and s.requires_grad):
         return _weights(axis, s)
     return _Normalize.apply(s, axis)
