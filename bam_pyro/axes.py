@@ -38,6 +38,9 @@ class AttentionAxis(Protocol):
         """Sum per-entry values over each query's keys, broadcastable back onto the entries
         (values of masked entries must be zero: they are added in)."""
 
+    def zero_masked_keys(self, values: Tensor) -> Tensor:
+        """Per-entry values with those of masked keys set to zero."""
+
     def spread(self, per_key: Tensor) -> Tensor:
         """Map per-key values ``[..., keys, heads]`` onto the entries."""
 
@@ -67,16 +70,22 @@ class DenseKeys:
                 )
             batch_shape = mask.shape[:-3]
         self.mask = mask
+        #: the mask of the keys each query normalizes over (subclasses may mask more entries
+        #: in ``mask`` than they drop from the normalization)
+        self.key_mask = mask
         self.batch_shape = torch.Size(batch_shape)
         self.event_dim = 3 + len(self.batch_shape)
 
     def softmax(self, values: Tensor) -> Tensor:
-        if self.mask is not None:
-            values = values.masked_fill(~self.mask, torch.finfo(values.dtype).min)
+        if self.key_mask is not None:
+            values = values.masked_fill(~self.key_mask, torch.finfo(values.dtype).min)
         return values.softmax(dim=-1)
 
     def key_sum(self, values: Tensor) -> Tensor:
         return values.sum(dim=-1, keepdim=True)
+
+    def zero_masked_keys(self, values: Tensor) -> Tensor:
+        return values if self.key_mask is None else values.masked_fill(~self.key_mask, 0.0)
 
     def spread(self, per_key: Tensor) -> Tensor:
         # [..., keys, heads] -> [..., heads, 1, keys]: one value per key, shared by all queries
@@ -87,6 +96,11 @@ class DenseKeys:
         if self.mask is None:
             return self.batch_shape.numel() * map_shape.numel()
         return int(self.mask.expand(self.batch_shape + map_shape).sum())
+
+
+#: largest spread of values over all edges (per head) for which EdgeKeys.softmax shifts them by one
+#: shared maximum: exp of anything in (-80, 0] is a normal float32
+SHARED_SHIFT_RANGE = 80.0
 
 
 class EdgeKeys:
@@ -103,11 +117,23 @@ class EdgeKeys:
         self.num_nodes = num_nodes
 
     def softmax(self, values: Tensor) -> Tensor:
-        return segment_softmax(values, self.target, num_nodes=self.num_nodes, dim=-2)
+        # Any shift by a constant per target gives the same softmax; the usual one, each target's
+        # maximum, needs torch's scatter amax, the slowest scatter on CPU. One maximum per head
+        # over all edges is as exact whenever no value lies more than SHARED_SHIFT_RANGE below it
+        # (no exp under- or overflows); otherwise fall back to PyG's per-target shift.
+        detached = values.detach()
+        low, high = torch.aminmax(detached, dim=-2, keepdim=True)
+        if not bool((low > high - SHARED_SHIFT_RANGE).all()):
+            return segment_softmax(values, self.target, num_nodes=self.num_nodes, dim=-2)
+        shifted = torch.exp(values - high)
+        return shifted / self.key_sum(shifted)
 
     def key_sum(self, values: Tensor) -> Tensor:
         sums = scatter(values, self.target, dim=-2, dim_size=self.num_nodes, reduce="sum")
         return sums.index_select(-2, self.target)
+
+    def zero_masked_keys(self, values: Tensor) -> Tensor:
+        return values  # every edge is a valid key
 
     def spread(self, per_key: Tensor) -> Tensor:
         return per_key.index_select(-2, self.source)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 from torch.distributions import Gamma, LogNormal, Weibull, register_kl
 
+from .attention_map import aligned, event_sum, register_summed_kl, valid_total
 from .distributions import EULER_GAMMA, MeanWeibull
 
 
@@ -88,6 +89,60 @@ def kl_mean_weibull_gamma(q: MeanWeibull, p: Gamma) -> Tensor:
     constant = _weibull_gamma_constant(k, alpha, beta) + alpha * q.log_mean_factor
     entries = _MeanWeibullGammaEntries.apply(q.log_mean, alpha, beta)
     return (constant + entries).expand(torch.broadcast_shapes(q.batch_shape, alpha.shape, beta.shape))
+
+
+class _ValidEntrySum(torch.autograd.Function):
+    """Per map, the sum over valid entries of ``b * exp(Phi) - a * Phi`` (a, b broadcast to Phi,
+    typically one value per key). Keeps Phi and the compact a, b only; ``exp(Phi)`` is recomputed
+    in the backward pass, and the gradients of a and b are reduced before they are multiplied."""
+
+    @staticmethod
+    def forward(ctx, phi: Tensor, a: Tensor, b: Tensor, mask: Optional[Tensor], event_dim: int) -> Tensor:
+        shape = torch.broadcast_tensors(phi, a, b)[0].shape  # views only: cheaper than broadcast_shapes
+        terms = torch.exp(phi)
+        terms = terms.mul_(b) if terms.shape == shape else terms * b
+        terms = torch.addcmul(terms, a, phi, value=-1.0)
+        if mask is not None:
+            terms = terms.masked_fill_(~mask, 0.0)
+        ctx.event_dim, ctx.shape = event_dim, shape
+        ctx.save_for_backward(phi, a, b, mask)
+        return event_sum(terms, event_dim)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Optional[Tensor], ...]:
+        phi, a, b, mask = ctx.saved_tensors
+        ndim = len(ctx.shape)
+        grad = aligned(grad.reshape(grad.shape + (1,) * ctx.event_dim), ndim)  # one value per map
+        grads: list[Optional[Tensor]] = [None, None, None, None, None]
+        if ctx.needs_input_grad[0]:
+            grad_phi = torch.addcmul(-a * grad, b * grad, torch.exp(phi))  # grad * (b e^Phi - a)
+            if mask is not None:
+                grad_phi = grad_phi.masked_fill_(~mask, 0.0)
+            grads[0] = grad_phi.sum_to_size(phi.shape)
+        for i, weight, entries in ((1, a, lambda: -phi), (2, b, lambda: torch.exp(phi))):
+            if ctx.needs_input_grad[i]:
+                values = entries() if mask is None else entries().masked_fill(~mask, 0.0)
+                values = aligned(values, ndim)
+                weight_ = aligned(weight, ndim)
+                spread = [d for d in range(ndim) if values.shape[d] > 1 and weight_.shape[d] == 1 and grad.shape[d] == 1]
+                if spread:  # sum before multiplying: the product is then compact
+                    values = values.sum(dim=spread, keepdim=True)
+                grads[i] = (grad * values).sum_to_size(weight.shape)
+        return tuple(grads)
+
+
+@register_summed_kl(MeanWeibull, Gamma)
+def summed_kl_mean_weibull_gamma(q: MeanWeibull, p: Gamma, mask: Optional[Tensor], event_dim: int) -> Tensor:
+    """:func:`kl_mean_weibull_gamma` summed over the valid entries of each map, without building
+    the entry-wise KL: the terms of alpha and beta alone are summed at the prior's compact shape
+    (counted once per valid entry), and the terms with Phi, ``beta*exp(Phi) - alpha*Phi``, by one
+    reduction whose backward keeps nothing but Phi."""
+    alpha, beta = _compact(p.concentration), _compact(p.rate)
+    k = alpha.new_tensor(q.k)
+    constant = _weibull_gamma_constant(k, alpha, beta) + alpha * q.log_mean_factor
+    shape = q.batch_shape if q.batch_shape == p.batch_shape else torch.broadcast_shapes(q.batch_shape, p.batch_shape)
+    entries = _ValidEntrySum.apply(q.log_mean, alpha, beta, mask, event_dim)
+    return valid_total(constant, mask, shape, event_dim) + entries
 
 
 @register_kl(LogNormal, LogNormal)

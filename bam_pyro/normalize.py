@@ -2,7 +2,7 @@
 
 An attention map (``[B, H, L, L]`` dense, or ``[E, H]`` over edges) is the unit of memory of
 Bayesian attention. Written as plain torch expressions, ``Phi = log(softmax(scores) + 1e-20)`` and
-``W = softmax(log S)`` each leave two or three full maps saved for the backward pass; here each
+``W = S / sum(S)`` each leave two or three full maps saved for the backward pass; here each
 saves only a tensor the step holds anyway (Phi, the guide's parameter; S, the site's value) and
 recomputes the rest when the gradient is needed, if the axis says so (``recompute``: dense maps,
 quadratic in the length); over edges, where entries are few, they keep the softmax instead, which
@@ -10,6 +10,8 @@ saves a segment softmax per call. Both work on any :class:`~bam_pyro.axes.Attent
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -58,34 +60,40 @@ def log_normalized(axis: AttentionAxis, values: Tensor) -> Tensor:
     return _LogNormalized.apply(values, axis)
 
 
-def _weights(axis: AttentionAxis, s: Tensor) -> Tensor:
-    return axis.softmax(s.clamp_min(_TINY).log())
-
-
 class _Normalize(torch.autograd.Function):
-    """W = softmax(log S); the backward keeps S and recomputes W from it (or keeps W, if the axis
-    does not recompute)."""
+    """W = S / T with T the sum of S over each query's valid keys (given, computed without
+    gradient); the backward keeps S and T and recomputes W (or keeps W, if the axis does not
+    recompute). d W_j / d S_i = (1[i = j] - W_j) / T, so the gradient needs no division by S."""
 
     @staticmethod
-    def forward(ctx, s: Tensor, axis: AttentionAxis) -> Tensor:
-        w = _weights(axis, s)
+    def forward(ctx, s: Tensor, valid: Tensor, total: Tensor, axis: AttentionAxis) -> Tensor:
+        w = valid / total
         ctx.axis = axis
-        ctx.save_for_backward(s, None if axis.recompute else w)
+        ctx.save_for_backward(s if axis.recompute else w, total)
         return w
 
     @staticmethod
-    def backward(ctx, grad_w: Tensor) -> tuple[Tensor, None]:
-        s, w = ctx.saved_tensors
-        if w is None:
-            w = _weights(ctx.axis, s)
-        g = w * grad_w
-        grad_log_s = g - w * ctx.axis.key_sum(g)
-        return torch.where(s >= _TINY, grad_log_s / s.clamp_min(_TINY), 0.0), None
+    def backward(ctx, grad_w: Tensor) -> tuple[Tensor, None, None, None]:
+        saved, total = ctx.saved_tensors
+        axis = ctx.axis
+        w = axis.zero_masked_keys(saved) / total if axis.recompute else saved
+        grad_s = (grad_w - axis.key_sum(w * grad_w)) / total
+        return axis.zero_masked_keys(grad_s), None, None, None
 
 
 def normalize(axis: AttentionAxis, s: Tensor) -> Tensor:
-    """``W = S / sum_keys S``, computed in log space (``softmax(log S)``) so that no S over- or
-    underflows it. The backward keeps S (and W only where the axis does not recompute)."""
+    """``W = S / sum_keys S`` over each query's valid keys (masked keys get exactly 0).
+
+    The ratio is taken directly when every sum is a positive finite float, which is the rule for
+    Weibull samples; otherwise (Lognormal samples with a huge sigma) in log space, as
+    ``softmax(log S)``. The backward keeps S and the sums (and W only where the axis does not
+    recompute).
+    """
+    with torch.no_grad():
+        valid = axis.zero_masked_keys(s)
+        total = axis.key_sum(valid)
+    if not bool(((total > 0) & (total < math.inf)).all()):
+        return axis.softmax(s.clamp_min(_TINY).log())
     if not (torch.is_grad_enabled() and s.requires_grad):
-        return _weights(axis, s)
-    return _Normalize.apply(s, axis)
+        return valid / total
+    return _Normalize.apply(s, valid, total, axis)

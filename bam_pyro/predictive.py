@@ -36,6 +36,7 @@ from pyro.poutine.runtime import get_plates
 from torch import Tensor
 
 from .attention import BayesianAttention
+from .attention_map import AttentionMap
 from .model import BamModel
 
 #: deterministic site holding the class probabilities ``[..., items, classes]`` of one draw
@@ -143,7 +144,7 @@ def prior_location(prior: dist.TorchDistribution) -> Tensor:
     LogNormal median ``exp(mu)``, i.e. the contextual prior's Psi (normalized over each query's
     keys) or, for a fixed prior, a constant (normalize it over the keys to get uniform weights)."""
     base = prior
-    while isinstance(base, (dist.Independent, dist.MaskedDistribution)):
+    while isinstance(base, (AttentionMap, dist.Independent, dist.MaskedDistribution)):
         base = base.base_dist
     if isinstance(base, dist.Gamma):
         return base.concentration / base.rate

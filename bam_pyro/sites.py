@@ -10,8 +10,9 @@ and attaches its scores Phi_l to the site, from which the amortized guide
 therefore share one forward pass of the network; without a guide the site samples the prior.
 
 The site's KL weight (annealing times reduction) is applied with ``poutine.scale``, and
-``TraceMeanField_ELBO`` scales the analytic KL by it. Padding is masked inside the
-distributions (``.mask`` on both prior and q), so the KL of padded entries is exactly zero.
+``TraceMeanField_ELBO`` scales the analytic KL by it. Both prior and q are wrapped in
+an :class:`~bam_pyro.attention_map.AttentionMap`: one event per attention call, padding masked
+out (the KL of padded entries is exactly zero), the KL summed over the valid entries directly.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import pyro.distributions as dist
 from pyro import poutine
 from torch import Tensor
 
+from .attention_map import AttentionMap
 from .axes import AttentionAxis
 from .config import BamConfig
 
@@ -42,11 +44,9 @@ class AttentionSiteInfo:
     mask: Optional[Tensor]
     event_dim: int
 
-    def as_site_distribution(self, fn: dist.TorchDistribution) -> dist.TorchDistribution:
-        """Mask and reshape an element-wise distribution the way the site does."""
-        if self.mask is not None:
-            fn = fn.mask(self.mask)
-        return fn.to_event(self.event_dim)
+    def as_site_distribution(self, fn: dist.TorchDistribution) -> AttentionMap:
+        """The site's distribution from an element-wise one: one event, invalid entries masked."""
+        return AttentionMap(fn, self.mask, self.event_dim)
 
 
 @dataclass

@@ -64,11 +64,6 @@ class SequenceKeys(DenseKeys):
         super().__init__(mask, batch_shape=torch.Size([batch_size]))
         self.key_mask = key_mask
 
-    def softmax(self, values: Tensor) -> Tensor:
-        if self.key_mask is not None:
-            values = values.masked_fill(~self.key_mask, torch.finfo(values.dtype).min)
-        return values.softmax(dim=-1)
-
 
 def bam_attention_forward(
     module: nn.Module,

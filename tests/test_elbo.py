@@ -16,7 +16,8 @@ import pyro.distributions as dist
 from bam_pyro import BamConfig, BamModel, ObjectiveConfig
 from bam_pyro.distributions import MeanWeibull
 from bam_pyro.elbo import AttentionMeanFieldELBO
-from bam_pyro.kl import kl_mean_weibull_gamma
+from bam_pyro import attention_map
+from bam_pyro.kl import summed_kl_mean_weibull_gamma
 from guides import AttentionGuide
 from models.gat import build_node_classifier
 
@@ -67,29 +68,34 @@ def test_loss_is_negative_loglik_plus_annealed_kl_by_hand(reduction):
 
 
 def test_analytic_kl_path_is_taken_not_the_monte_carlo_fallback(monkeypatch):
+    """Each site's KL comes from the summed closed form; it equals the entry-wise closed form
+    masked and summed (the generic route); without either, Pyro's Monte Carlo estimate differs."""
     x, edge_index, y = random_graph()
     model = build_node_classifier(x.size(1), 3, BamConfig("wc"), ObjectiveConfig(reduction="sum")).eval()
     guide = AttentionGuide(model.model)
     evaluated = []
 
-    def counting_kl(q, p):
+    def counting_kl(q, p, mask, event_dim):
         evaluated.append(tuple(q.batch_shape))
-        return kl_mean_weibull_gamma(q, p)
+        return summed_kl_mean_weibull_gamma(q, p, mask, event_dim)
 
-    monkeypatch.setitem(torch_kl._KL_REGISTRY, (MeanWeibull, Gamma), counting_kl)
-    monkeypatch.setattr(torch_kl, "_KL_MEMOIZE", {})
-    pyro.set_rng_seed(0)
-    analytic = TraceMeanField_ELBO().differentiable_loss(model.model, guide, x, edge_index, y=y)
+    def loss():
+        monkeypatch.setattr(torch_kl, "_KL_MEMOIZE", {})
+        pyro.set_rng_seed(0)
+        return TraceMeanField_ELBO().differentiable_loss(model.model, guide, x, edge_index, y=y).item()
+
+    monkeypatch.setitem(attention_map._SUMMED_KL, (MeanWeibull, Gamma), counting_kl)
+    analytic = loss()
     assert len(evaluated) == 2  # once per attention site, over all its entries
     edges = int((edge_index[0] != edge_index[1]).sum()) + x.size(0)  # self loops: one per node
     assert evaluated[0] == (edges, 8)  # every edge and head
 
-    # Without the registration Pyro silently falls back to a Monte Carlo estimate: the loss changes.
+    monkeypatch.delitem(attention_map._SUMMED_KL, (MeanWeibull, Gamma))
+    assert loss() == pytest.approx(analytic, rel=1e-5)  # entry-wise KL, summed
+
+    # Without the registrations Pyro silently falls back to a Monte Carlo estimate: the loss changes.
     monkeypatch.delitem(torch_kl._KL_REGISTRY, (MeanWeibull, Gamma))
-    monkeypatch.setattr(torch_kl, "_KL_MEMOIZE", {})
-    pyro.set_rng_seed(0)
-    fallback = TraceMeanField_ELBO().differentiable_loss(model.model, guide, x, edge_index, y=y)
-    assert abs(analytic.item() - fallback.item()) > 1.0
+    assert abs(analytic - loss()) > 1.0
 
 
 def test_one_network_forward_pass_per_svi_step():

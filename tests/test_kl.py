@@ -127,3 +127,46 @@ def test_weibull_gamma_float32_extremes_finite_with_finite_gradients(k, beta, al
     # for tiny alpha, dKL/dlog(alpha) = alpha * digamma(alpha) + ... -> -1 per entry
     if alpha < 1e-10:
         assert log_alpha.grad.sub(-1e3).abs().max() < 1.0
+
+
+def _map_case(kind):
+    """(phi, log_psi, mask, event_dim) of one attention site, float64, as the layers build them."""
+    d = torch.float64
+    if kind == "edges":  # one value per edge: nothing to compact
+        phi = torch.randn(30, 4, dtype=d).log_softmax(0)
+        return phi, torch.randn(30, 4, dtype=d).log_softmax(0), None, 2
+    phi = torch.randn(6, 2, 3, 4, 5, dtype=d).log_softmax(-1)  # [draws, B, H, Lq, Lk]
+    log_psi = torch.randn(6, 2, 3, 1, 5, dtype=d).log_softmax(-1)  # one value per key
+    keys = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    mask = {
+        "no mask": None,
+        "key padding": keys[:, None, None, :],
+        "query and key padding": (keys[:, :4, None] & keys[:, None, :])[:, None],
+    }[kind]
+    return phi, log_psi, mask, 4
+
+
+@pytest.mark.parametrize("kind", ["no mask", "key padding", "query and key padding", "edges"])
+def test_summed_site_kl_equals_the_masked_sum_of_entry_kls(kind):
+    """The site KL, summed at the prior's compact shape, against the entry-wise closed form
+    masked and summed: values and gradients (Phi, and the prior through log Psi)."""
+    from bam_pyro.attention_map import AttentionMap
+
+    phi, log_psi, mask, event_dim = _map_case(kind)
+    phi.requires_grad_(), log_psi.requires_grad_()
+    k, beta = 3.0, 0.2
+    q = MeanWeibull(phi, k)
+    alpha = torch.exp(log_psi + math.log(beta)).expand(phi.shape)
+    p = Gamma(alpha, torch.tensor(beta, dtype=phi.dtype).expand(phi.shape))
+    summed = kl_divergence(AttentionMap(q, mask, event_dim), AttentionMap(p, mask, event_dim))
+    entries = kl_divergence(q, p)
+    if mask is not None:
+        entries = entries * mask
+    reference = entries.sum(dim=tuple(range(-event_dim, 0)))
+    assert summed.shape == reference.shape == phi.shape[: phi.dim() - event_dim]
+    assert torch.allclose(summed, reference, rtol=1e-12)
+    upstream = torch.rand_like(reference)
+    got = torch.autograd.grad(summed, (phi, log_psi), upstream, retain_graph=True)
+    expected = torch.autograd.grad(reference, (phi, log_psi), upstream)
+    for g, e in zip(got, expected):
+        assert torch.allclose(g, e, rtol=1e-10, atol=1e-12)

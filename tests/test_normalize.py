@@ -76,3 +76,26 @@ def test_backward_saves_only_tensors_the_step_holds_anyway():
         normalize(axis, s)
     big = {t.data_ptr() for t in saved if t.numel() == scores.numel()}
     assert big == {phi.data_ptr(), s.data_ptr()}
+
+
+def test_normalize_falls_back_to_log_space_when_the_sums_overflow():
+    """float32 sums of S near the largest float are inf: the weights still come out right."""
+    s = torch.tensor([[3e38, 3e38, 1e38], [1.0, 2.0, 1.0]], requires_grad=True)
+    w = normalize(DenseKeys(), s)
+    assert torch.allclose(w, torch.tensor([[3 / 7, 3 / 7, 1 / 7], [0.25, 0.5, 0.25]]))
+    w[:, 0].sum().backward()
+    assert torch.isfinite(s.grad).all()
+
+
+@pytest.mark.parametrize("spread", [4.0, 400.0])  # one shared shift; per-target shifts (fallback)
+def test_edge_softmax_equals_pyg_segment_softmax(spread):
+    from torch_geometric.utils import softmax as segment_softmax
+
+    scores, axis = sparse_case()
+    scores = (scores.detach() / 4 * spread).requires_grad_()
+    upstream = torch.randn_like(scores)
+    ours, reference = axis.softmax(scores), segment_softmax(scores, axis.target, num_nodes=7, dim=-2)
+    assert torch.allclose(ours, reference, atol=1e-12)
+    (ours_grad,) = torch.autograd.grad(ours, scores, upstream)
+    (reference_grad,) = torch.autograd.grad(reference, scores, upstream)
+    assert torch.allclose(ours_grad, reference_grad, atol=1e-12)

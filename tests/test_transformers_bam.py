@@ -115,13 +115,16 @@ def test_padding_changes_nothing_and_gets_zero_weight_and_kl():
         if SITE_INFO not in (site.get("infer") or {}):
             continue
         q, p = guide_trace.nodes[name]["fn"], site["fn"]
-        kl = torch.distributions.kl_divergence(q.base_dist.base_dist, p.base_dist.base_dist)
-        kl = kl * q.base_dist._mask  # the site's mask: valid query and key
+        kl = torch.distributions.kl_divergence(q.base_dist, p.base_dist)
+        kl = kl * q.mask  # the site's mask: valid query and key
         assert torch.isfinite(kl).all()
         assert (kl[1, :, :, 4:] == 0).all() and (kl[1, :, 4:, :] == 0).all()
         assert (kl[0] != 0).all()
+        # the site's KL, summed over valid entries at the prior's compact shape, is their sum
+        site_kl = torch.distributions.kl_divergence(q, p)
+        assert site_kl.item() == pytest.approx(kl.double().sum().item(), rel=1e-5)
         weights = torch.softmax(guide_trace.nodes[name]["value"].log(), -1)
-        assert (weights.masked_fill(~q.base_dist._mask, 0)[1, :, :4, 4:] < 1e-30).all()
+        assert (weights.masked_fill(~q.mask, 0)[1, :, :4, 4:] < 1e-30).all()
 
 
 def test_attention_interface_needs_conversion():
