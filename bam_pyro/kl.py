@@ -93,42 +93,48 @@ def kl_mean_weibull_gamma(q: MeanWeibull, p: Gamma) -> Tensor:
 
 class _ValidEntrySum(torch.autograd.Function):
     """Per map, the sum over valid entries of ``b * exp(Phi) - a * Phi`` (a, b broadcast to Phi,
-    typically one value per key). Keeps Phi and the compact a, b only; ``exp(Phi)`` is recomputed
-    in the backward pass, and the gradients of a and b are reduced before they are multiplied."""
+    typically one value per key).
+
+    Phi and exp(Phi) are first summed over the entries that share a weight (e.g. over the
+    queries, for one weight per key), so the products are compact; those sums also give the
+    gradients of a and b. Keeps Phi, the compact weights and sums; ``exp(Phi)`` is recomputed for
+    the gradient of Phi."""
 
     @staticmethod
     def forward(ctx, phi: Tensor, a: Tensor, b: Tensor, mask: Optional[Tensor], event_dim: int) -> Tensor:
-        shape = torch.broadcast_tensors(phi, a, b)[0].shape  # views only: cheaper than broadcast_shapes
-        terms = torch.exp(phi)
-        terms = terms.mul_(b) if terms.shape == shape else terms * b
-        terms = torch.addcmul(terms, a, phi, value=-1.0)
-        if mask is not None:
-            terms = terms.masked_fill_(~mask, 0.0)
-        ctx.event_dim, ctx.shape = event_dim, shape
-        ctx.save_for_backward(phi, a, b, mask)
-        return event_sum(terms, event_dim)
+        ndim = max(phi.dim(), a.dim(), b.dim())
+        a_, b_ = aligned(a, ndim), aligned(b, ndim)
+        phi_sum = _valid_sum_per_weight(aligned(phi, ndim), a_, mask, event_dim)
+        exp_sum = _valid_sum_per_weight(aligned(torch.exp(phi), ndim), b_, mask, event_dim)
+        ctx.event_dim, ctx.ndim = event_dim, ndim
+        ctx.save_for_backward(phi, a, b, mask, phi_sum, exp_sum)
+        return event_sum(b_ * exp_sum, event_dim) - event_sum(a_ * phi_sum, event_dim)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Optional[Tensor], ...]:
-        phi, a, b, mask = ctx.saved_tensors
-        ndim = len(ctx.shape)
-        grad = aligned(grad.reshape(grad.shape + (1,) * ctx.event_dim), ndim)  # one value per map
+        phi, a, b, mask, phi_sum, exp_sum = ctx.saved_tensors
+        grad = aligned(grad.reshape(grad.shape + (1,) * ctx.event_dim), ctx.ndim)  # one value per map
         grads: list[Optional[Tensor]] = [None, None, None, None, None]
         if ctx.needs_input_grad[0]:
             grad_phi = torch.addcmul(-a * grad, b * grad, torch.exp(phi))  # grad * (b e^Phi - a)
             if mask is not None:
                 grad_phi = grad_phi.masked_fill_(~mask, 0.0)
             grads[0] = grad_phi.sum_to_size(phi.shape)
-        for i, weight, entries in ((1, a, lambda: -phi), (2, b, lambda: torch.exp(phi))):
-            if ctx.needs_input_grad[i]:
-                values = entries() if mask is None else entries().masked_fill(~mask, 0.0)
-                values = aligned(values, ndim)
-                weight_ = aligned(weight, ndim)
-                spread = [d for d in range(ndim) if values.shape[d] > 1 and weight_.shape[d] == 1 and grad.shape[d] == 1]
-                if spread:  # sum before multiplying: the product is then compact
-                    values = values.sum(dim=spread, keepdim=True)
-                grads[i] = (grad * values).sum_to_size(weight.shape)
+        if ctx.needs_input_grad[1]:
+            grads[1] = (-grad * phi_sum).sum_to_size(a.shape)
+        if ctx.needs_input_grad[2]:
+            grads[2] = (grad * exp_sum).sum_to_size(b.shape)
         return tuple(grads)
+
+
+def _valid_sum_per_weight(values: Tensor, weight: Tensor, mask: Optional[Tensor], event_dim: int) -> Tensor:
+    """``values`` with invalid entries zeroed, summed over the event dims where ``weight`` is
+    constant (size 1), kept as size-1 dims."""
+    if mask is not None:
+        values = values.masked_fill(~mask, 0.0)
+    ndim = values.dim()
+    dims = [d for d in range(ndim - event_dim, ndim) if weight.shape[d] == 1 and values.shape[d] > 1]
+    return values.sum(dim=dims, keepdim=True) if dims else values
 
 
 @register_summed_kl(MeanWeibull, Gamma)

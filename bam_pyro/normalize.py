@@ -44,13 +44,16 @@ class _LogNormalized(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_phi: Tensor) -> tuple[Tensor, None]:
         (saved,) = ctx.saved_tensors
-        if ctx.axis.recompute:
-            shifted = torch.exp(saved)  # p + eps
-            p = shifted - LOG_FLOOR
-        else:
-            p, shifted = saved, saved + LOG_FLOOR
-        g = grad_phi * p / shifted  # d/dp of log(p + eps), times p
-        return g - p * ctx.axis.key_sum(g), None
+        axis = ctx.axis
+        if not axis.recompute:
+            p = saved
+            g = grad_phi * p / (p + LOG_FLOOR)  # d/dp of log(p + eps), times p
+            return g - p * axis.key_sum(g), None
+        shifted = torch.exp(saved)  # p + eps
+        g = torch.addcdiv(grad_phi, grad_phi, shifted, value=-LOG_FLOOR)  # grad * p / (p + eps)
+        # p * sum(g) with p + eps for p: off by eps * sum(g), far below float resolution
+        grad = torch.addcmul(g, shifted, axis.key_sum(g), value=-1.0)
+        return axis.zero_masked_keys(grad), None
 
 
 def log_normalized(axis: AttentionAxis, values: Tensor) -> Tensor:
@@ -76,8 +79,11 @@ class _Normalize(torch.autograd.Function):
     def backward(ctx, grad_w: Tensor) -> tuple[Tensor, None, None, None]:
         saved, total = ctx.saved_tensors
         axis = ctx.axis
-        w = axis.zero_masked_keys(saved) / total if axis.recompute else saved
-        grad_s = (grad_w - axis.key_sum(w * grad_w)) / total
+        if axis.recompute:  # sum_j W_j g_j = sum_j S_j g_j / T, over valid keys
+            mean_grad = axis.key_sum(axis.zero_masked_keys(saved * grad_w)) / total
+        else:
+            mean_grad = axis.key_sum(saved * grad_w)
+        grad_s = (grad_w - mean_grad) / total
         return axis.zero_masked_keys(grad_s), None, None, None
 
 

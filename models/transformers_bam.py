@@ -85,7 +85,7 @@ def bam_attention_forward(
         )
     if scaling is None:
         scaling = query.size(-1) ** -0.5
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    scores = torch.matmul(query * scaling, key.transpose(-1, -2))  # scaled before: 4x fewer entries
     weights = bam(scores, key.transpose(1, 2), SequenceKeys(attention_mask, query.size(0)))
     weights = F.dropout(weights, p=dropout, training=module.training)
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
