@@ -128,7 +128,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--nodes", type=int, default=None)
     p.add_argument("--edges", type=int, default=None)
     p.add_argument("--features", type=int, default=128, help="feature width of a random graph")
-    p.add_argument("--steps", type=int, default=None, help="timed steps (default 30 on Cora, 5 on a given size)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default 100 on Cora, 5 on a given size)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--data-root", default=None)
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
@@ -138,7 +138,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     if (args.nodes is None) != (args.edges is None):
         p.error("--nodes and --edges go together")
     if args.steps is None:
-        args.steps = 30 if args.nodes is None else 5
+        args.steps = 100 if args.nodes is None else 5
     if args.worker:
         print(json.dumps(worker(args)))
         return
