@@ -31,14 +31,18 @@ def _compact(t: Tensor) -> Tensor:
     return t[index]
 
 
-def _weibull_gamma_constant(k: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
-    """The KL terms of k, alpha and beta only (compact shape).
+def _weibull_gamma_constant(k: Tensor, alpha: Tensor, beta: Tensor, log_mean_factor: float = 0.0) -> Tensor:
+    """The KL terms of k, alpha and beta only (compact shape),
+    ``alpha * (gamma/k - log(beta) + log_mean_factor) + log(k) - gamma - 1 + lgamma(alpha)``;
+    ``log_mean_factor`` is the ``lgamma(1 + 1/k)`` that q given by its log-mean adds per alpha.
 
     ``lgamma(alpha)`` is evaluated as ``lgamma(1 + alpha) - log(alpha)``, exact and free of the
-    cancellation that plain ``lgamma`` suffers for alpha near 0.
+    cancellation that plain ``lgamma`` suffers for alpha near 0. The factors of alpha are combined
+    first: with a per-entry alpha (edges) that keeps the full-size work to five passes.
     """
+    slope = EULER_GAMMA / k - torch.log(beta) + log_mean_factor
     log_gamma_alpha = torch.lgamma(1 + alpha) - torch.log(alpha)
-    return EULER_GAMMA * alpha / k + torch.log(k) - EULER_GAMMA - 1.0 - alpha * torch.log(beta) + log_gamma_alpha
+    return torch.addcmul(log_gamma_alpha + (torch.log(k) - EULER_GAMMA - 1.0), alpha, slope)
 
 
 @register_kl(Weibull, Gamma)
@@ -86,7 +90,7 @@ def kl_mean_weibull_gamma(q: MeanWeibull, p: Gamma) -> Tensor:
     """
     alpha, beta = _compact(p.concentration), _compact(p.rate)
     k = alpha.new_tensor(q.k)
-    constant = _weibull_gamma_constant(k, alpha, beta) + alpha * q.log_mean_factor
+    constant = _weibull_gamma_constant(k, alpha, beta, q.log_mean_factor)
     entries = _MeanWeibullGammaEntries.apply(q.log_mean, alpha, beta)
     return (constant + entries).expand(torch.broadcast_shapes(q.batch_shape, alpha.shape, beta.shape))
 
@@ -145,7 +149,7 @@ def summed_kl_mean_weibull_gamma(q: MeanWeibull, p: Gamma, mask: Optional[Tensor
     reduction whose backward keeps nothing but Phi."""
     alpha, beta = _compact(p.concentration), _compact(p.rate)
     k = alpha.new_tensor(q.k)
-    constant = _weibull_gamma_constant(k, alpha, beta) + alpha * q.log_mean_factor
+    constant = _weibull_gamma_constant(k, alpha, beta, q.log_mean_factor)
     shape = q.batch_shape if q.batch_shape == p.batch_shape else torch.broadcast_shapes(q.batch_shape, p.batch_shape)
     entries = _ValidEntrySum.apply(q.log_mean, alpha, beta, mask, event_dim)
     return valid_total(constant, mask, shape, event_dim) + entries
