@@ -74,6 +74,8 @@ class BayesianAttention(nn.Module):
         if self.prior_net is not None:
             if keys is None:
                 raise ValueError("the contextual prior (lc, wc) needs the keys; got keys=None")
+            if self.config.detach_prior_keys:
+                keys = keys.detach()
             log_psi = log_normalized(axis, axis.spread(self.prior_net(keys)))
         return prior_distribution(log_psi, self.config, phi.shape, phi)
 

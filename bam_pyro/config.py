@@ -46,6 +46,10 @@ class BamConfig:
     alpha: shape of the fixed Gamma prior (``wf`` only). The contextual Gamma prior uses
         ``alpha = Psi * beta`` as the reference code does, so that its mean is ``Psi``.
     d_mid: hidden width of the contextual prior network ``F2(relu(F1(K)))``.
+    detach_prior_keys: stop the KL's gradient at the contextual prior's input, so that the prior
+        network learns from the keys without reshaping them. With a small Gamma shape
+        ``alpha = Psi * beta`` the KL holds ``-log Psi`` per entry, whose pull on the keys can
+        outweigh the likelihood's gradient in a pretrained encoder (see ``experiments.glue``).
     """
 
     variant: Variant = "wc"
@@ -56,6 +60,7 @@ class BamConfig:
     beta: float = 1.0
     alpha: float = 1.0
     d_mid: int = 1
+    detach_prior_keys: bool = False
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -68,6 +73,8 @@ class BamConfig:
             raise ValueError(f"mu_p must be a finite number, got {self.mu_p!r}")
         if not isinstance(self.d_mid, int) or isinstance(self.d_mid, bool) or self.d_mid <= 0:
             raise ValueError(f"d_mid must be a positive integer, got {self.d_mid!r}")
+        if not isinstance(self.detach_prior_keys, bool):
+            raise TypeError(f"detach_prior_keys must be True or False, got {self.detach_prior_keys!r}")
 
     @property
     def family(self) -> Optional[Family]:
