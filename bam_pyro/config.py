@@ -74,7 +74,7 @@ class BamConfig:
         if not isinstance(self.d_mid, int) or isinstance(self.d_mid, bool) or self.d_mid <= 0:
             raise ValueError(f"d_mid must be a positive integer, got {self.d_mid!r}")
         if not isinstance(self.detach_prior_keys, bool):
-            raise TypeError(f"detach_prior_keys must be True or False, got {self.detach_prior_keys!r}")
+            raise ValueError(f"detach_prior_keys must be True or False, got {self.detach_prior_keys!r}")
 
     @property
     def family(self) -> Optional[Family]:

@@ -133,3 +133,20 @@ def test_contextual_prior_needs_keys():
 
     with attention_sites(), pytest.raises(ValueError, match="needs the keys"):
         layer(torch.randn(1, 2, 3, 3), None, DenseKeys())
+
+
+@pytest.mark.parametrize("detach", [False, True])
+def test_detach_prior_keys_stops_the_kl_gradient_at_the_keys_only(detach):
+    """The KL of a site trains the prior network either way; it reaches the keys unless detached."""
+    scores, keys, mask = dense_inputs()
+    keys.requires_grad_()
+    layer = BayesianAttention(BamConfig("wc", beta=1e-2, d_mid=2, detach_prior_keys=detach), num_heads=3, key_dim=5)
+    axis = DenseKeys(mask)
+    phi = log_normalized(axis, scores)
+    prior = layer.prior(phi, keys, axis)
+    q = variational_distribution(phi, layer.config)
+    torch.distributions.kl_divergence(q, prior).masked_fill(~mask, 0.0).sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in layer.prior_net.parameters())
+    assert (keys.grad is None) == detach
+    if not detach:
+        assert keys.grad.abs().sum() > 0

@@ -22,6 +22,7 @@ from .conftest import random_graph
         (dict(alpha=float("inf")), "alpha must be a finite number > 0"),
         (dict(d_mid=0), "d_mid must be a positive integer"),
         (dict(d_mid=2.5), "d_mid must be a positive integer"),
+        (dict(detach_prior_keys="yes"), "detach_prior_keys must be True or False"),
     ],
 )
 def test_invalid_hyperparameters(kwargs, message):
