@@ -145,8 +145,8 @@ def _valid_sum_per_weight(values: Tensor, weight: Tensor, mask: Optional[Tensor]
 def summed_kl_mean_weibull_gamma(q: MeanWeibull, p: Gamma, mask: Optional[Tensor], event_dim: int) -> Tensor:
     """:func:`kl_mean_weibull_gamma` summed over the valid entries of each map, without building
     the entry-wise KL: the terms of alpha and beta alone are summed at the prior's compact shape
-    (counted once per valid entry), and the terms with Phi, ``beta*exp(Phi) - alpha*Phi``, by one
-    reduction whose backward keeps nothing but Phi."""
+    (counted once per valid entry), and the terms with Phi, ``beta*exp(Phi) - alpha*Phi``, by
+    reductions whose backward keeps only Phi and compact sums."""
     alpha, beta = _compact(p.concentration), _compact(p.rate)
     k = alpha.new_tensor(q.k)
     constant = _weibull_gamma_constant(k, alpha, beta, q.log_mean_factor)
