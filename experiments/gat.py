@@ -67,7 +67,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
 }
 
-BAM_FIELDS = ("k", "sigma_q", "sigma_p", "beta", "alpha", "d_mid")
+BAM_FIELDS = ("k", "sigma_q", "sigma_p", "beta", "alpha", "d_mid", "detach_prior_keys")
 
 
 @dataclass
@@ -157,13 +157,15 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     for name in ("k", "sigma_q", "sigma_p", "beta", "alpha", "rho", "att_kl", "lr", "weight_decay"):
         g.add_argument(f"--{name.replace('_', '-')}", type=float, default=None)
     g.add_argument("--d-mid", type=int, default=None)
+    g.add_argument("--detach-prior-keys", action="store_const", const=True, default=None,
+                   help="stop the KL's gradient at the contextual prior's input (BamConfig.detach_prior_keys)")
     g.add_argument("--reduction", choices=["mean", "sum"], default=None)
     g.add_argument("--max-epochs", type=int, default=None)
     g.add_argument("--patience", type=int, default=None)
     return p.parse_args(argv)
 
 
-OVERRIDES = ("k", "sigma_q", "sigma_p", "beta", "alpha", "rho", "att_kl", "lr", "weight_decay", "d_mid", "reduction", "max_epochs", "patience")
+OVERRIDES = ("k", "sigma_q", "sigma_p", "beta", "alpha", "rho", "att_kl", "lr", "weight_decay", "d_mid", "detach_prior_keys", "reduction", "max_epochs", "patience")
 
 
 def main(argv: Optional[list[str]] = None) -> pd.DataFrame:

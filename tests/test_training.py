@@ -80,3 +80,11 @@ def test_short_cora_run_learns(cora, variant):
     model, row = train_node_classifier(settings, data, num_features, num_classes, progress=False)
     assert row["val_acc"] > 70.0  # chance is ~14% (7 classes), the majority class ~30%
     assert row["test_acc"] > 70.0
+
+
+def test_gat_overrides_reach_the_config_and_the_row():
+    settings = settings_for("citeseer", "wc", seed=0, overrides=dict(k=10.0, detach_prior_keys=True, beta=None))
+    assert settings.config.k == 10.0 and settings.config.detach_prior_keys is True
+    assert settings.config.beta == 1e-15  # None keeps the preset
+    row = settings.row()
+    assert row["k"] == 10.0 and row["detach_prior_keys"] is True
