@@ -150,7 +150,7 @@ def encode(frame: pd.DataFrame, tokenizer, max_length: int) -> Encoded:
     pairs = frame["text_b"].tolist() if "text_b" in frame else None
     tokens = tokenizer(frame["text_a"].tolist(), pairs, truncation=True, max_length=max_length,
                        return_token_type_ids=True)
-    return Encoded(tokens["input_ids"], tokens["token_type_ids"], torch.as_tensor(frame["label"].to_numpy()))
+    return Encoded(tokens["input_ids"], tokens["token_type_ids"], torch.tensor(frame["label"].to_numpy()))
 
 
 def collate(data: Encoded, index: np.ndarray, pad_id: int) -> tuple[tuple, dict]:
