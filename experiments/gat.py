@@ -90,6 +90,7 @@ class RunSettings:
             **{f: getattr(c, f) for f in BAM_FIELDS},
             rho=self.objective.anneal_rate, att_kl=self.objective.kl_weight,
             reduction=self.objective.reduction, lr=self.lr, weight_decay=self.weight_decay,
+            max_epochs=self.max_epochs, patience=self.patience,
         )
 
 
@@ -178,12 +179,12 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
         data, num_features, num_classes = load_planetoid(dataset, args.data_root)
         for variant in args.variant:
             for seed in args.seeds:
-                if results.has(dataset=dataset, variant=variant, seed=seed):
-                    continue
                 settings = settings_for(dataset, variant, seed, overrides)
-                checkpoint = out / "checkpoints" / f"{dataset}-{variant}-{seed}.pt"
+                if results.has(settings.row()):
+                    continue
                 start = time.perf_counter()
-                _, row = train_node_classifier(settings, data, num_features, num_classes, checkpoint, not args.no_progress)
+                _, row = train_node_classifier(settings, data, num_features, num_classes,
+                                               results.checkpoint(settings.row()), not args.no_progress)
                 print(f"{dataset:9s} {variant:5s} seed {seed}: test acc {row['test_acc']:.2f} "
                       f"(val {row['val_acc']:.2f}, best epoch {row['best_epoch']}, {time.perf_counter() - start:.0f}s)", flush=True)
                 results.add(row)

@@ -69,9 +69,9 @@ class RunSettings:
         c = self.config
         return dict(
             task=self.task, variant=self.variant, seed=self.seed, model=self.model,
-            **{f: getattr(c, f) for f in ("k", "beta", "d_mid", "detach_prior_keys")}, att_kl=self.objective.kl_weight,
-            lr=self.lr, batch_size=self.batch_size, epochs=self.epochs, max_length=self.max_length,
-            max_train=self.max_train,
+            **{f: getattr(c, f) for f in BAM_FIELDS}, att_kl=self.objective.kl_weight,
+            rho=self.objective.anneal_rate, lr=self.lr, weight_decay=self.weight_decay, warmup=self.warmup,
+            batch_size=self.batch_size, epochs=self.epochs, max_length=self.max_length, max_train=self.max_train,
         )
 
 
@@ -226,11 +226,11 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
         train = encode(subset(read_split(task, "train", args.data_root), max_train), tokenizer, max_length)
         dev = encode(read_split(task, "dev", args.data_root), tokenizer, max_length)
         for run in settings:
-            if results.has(task=task, variant=run.variant, seed=run.seed):
+            if results.has(run.row()):
                 continue
-            checkpoint = out / "checkpoints" / f"{task}-{run.variant}-{run.seed}.pt"
             start = time.perf_counter()
-            row = train_glue(run, train, dev, tokenizer.pad_token_id, checkpoint, not args.no_progress, args.draws)
+            row = train_glue(run, train, dev, tokenizer.pad_token_id, results.checkpoint(run.row()),
+                             not args.no_progress, args.draws)
             scores = ", ".join(f"{k[4:]} {v:.3g}" for k, v in row.items() if k.startswith("dev_"))
             print(f"{task:5s} {run.variant:5s} seed {run.seed}: {scores} ({time.perf_counter() - start:.0f}s)", flush=True)
             results.add(row)

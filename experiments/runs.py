@@ -4,7 +4,11 @@ makes a sweep resumable (finished runs are skipped, each new row is saved at onc
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
@@ -22,21 +26,55 @@ def add_run_arguments(parser: argparse.ArgumentParser, default_out: str, data_he
     parser.add_argument("--no-progress", action="store_true")
 
 
+def _same_setting(recorded: object, asked: object) -> bool:
+    """Equality of a setting read back from the CSV and one asked for (NaN is None, floats to 1e-9)."""
+    if asked is None or (isinstance(asked, float) and math.isnan(asked)):
+        return pd.isna(recorded)
+    if pd.isna(recorded):
+        return False
+    if isinstance(asked, (bool, str)):
+        return str(recorded) == str(asked)
+    return math.isclose(float(recorded), float(asked), rel_tol=1e-9, abs_tol=0.0)
+
+
 class ResultsFile:
-    """``<out>/results.csv``: one row per finished run, identified by ``keys``."""
+    """``<out>/results.csv``: one row per finished run, identified by ``keys``.
+
+    A folder holds one setting per key (e.g. dataset, variant, seed): asking again for a finished
+    run with other hyperparameters raises instead of silently returning the old result, and each
+    run's checkpoint is named by a digest of all its settings, so a changed setting never resumes
+    another run's state.
+    """
 
     def __init__(self, out: Path, keys: tuple[str, ...]) -> None:
         out.mkdir(parents=True, exist_ok=True)
         self.path, self.keys = out / "results.csv", keys
         self.frame = pd.read_csv(self.path) if self.path.exists() else pd.DataFrame()
 
-    def has(self, **key: object) -> bool:
+    def has(self, settings: Mapping[str, object]) -> bool:
+        """Whether the run described by ``settings`` (its result row's settings) is finished."""
         if self.frame.empty:
             return False
         match = pd.Series(True, index=self.frame.index)
         for name in self.keys:
-            match &= self.frame[name] == key[name]
-        return bool(match.any())
+            match &= self.frame[name] == settings[name]
+        if not match.any():
+            return False
+        recorded = self.frame[match].iloc[-1]
+        differing = [f"{name}={recorded[name]} (asked for {value})" for name, value in settings.items()
+                     if name in recorded.index and not _same_setting(recorded[name], value)]
+        if differing:
+            run = ", ".join(f"{name}={settings[name]}" for name in self.keys)
+            raise ValueError(f"{self.path} already holds the run {run} with other settings: "
+                             f"{'; '.join(differing)}. Choose another --out for the new settings.")
+        return True
+
+    def checkpoint(self, settings: Mapping[str, object]) -> Path:
+        """``<out>/checkpoints/<keys>-<digest of all settings>.pt``."""
+        text = json.dumps(dict(settings), sort_keys=True, default=str)
+        digest = hashlib.sha1(text.encode()).hexdigest()[:10]
+        stem = "-".join(str(settings[name]) for name in self.keys)
+        return self.path.parent / "checkpoints" / f"{stem}-{digest}.pt"
 
     def add(self, row: dict) -> None:
         self.frame = pd.concat([self.frame, pd.DataFrame([row])], ignore_index=True)
