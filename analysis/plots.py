@@ -96,3 +96,26 @@ def variant_comparison(summary: pd.DataFrame, metrics: Sequence[str], path: Path
         ax.set_title(metric)
     axes[0][0].legend(fontsize=8)
     return _save(fig, path)
+
+
+def paired_runs(results: pd.DataFrame, panel: str, metrics: dict[str, str], path: Path, baseline: str = "soft") -> Path:
+    """One panel per value of ``panel`` (a task or data set) showing ``metrics[value]`` of every
+    run: a grey line joins the variants' runs of one seed, the red line is the mean, so a paired
+    gain or loss shows at a glance where mean ± std bars overlap."""
+    names = list(dict.fromkeys(results[panel]))
+    fig, axes = plt.subplots(1, len(names), figsize=(2.8 * len(names), 3.2), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        rows = results[results[panel] == name]
+        variants = list(dict.fromkeys(rows["variant"]))
+        variants.sort(key=lambda v: v != baseline)  # the baseline first, then in order of appearance
+        wide = rows.pivot_table(index="seed", columns="variant", values=metrics[name], aggfunc="last")
+        wide = wide.reindex(columns=variants)
+        x = np.arange(len(variants))
+        for _, scores in wide.iterrows():
+            ax.plot(x, scores.to_numpy(), marker="o", color="tab:grey", alpha=0.6, lw=1)
+        ax.plot(x, wide.mean().to_numpy(), marker="s", color="tab:red", lw=2, label="mean over seeds")
+        ax.set_xticks(x, variants)
+        ax.set_xlim(-0.4, len(variants) - 0.6)
+        ax.set_title(f"{name}: {metrics[name]}", fontsize=10)
+    axes[0][0].legend(fontsize=8)
+    return _save(fig, path)

@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from analysis.tables import summarize
+from analysis.tables import paired_difference, summarize
 from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.training import EarlyStopping, SVITrainer, seed_everything
 from experiments.planetoid import NAMES, load_planetoid
@@ -198,6 +198,7 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
 def accuracy_table(results: pd.DataFrame) -> pd.DataFrame:
     """Mean +- std of test accuracy per data set and variant, next to the paper's Table 1."""
     table = summarize(results, ["dataset", "variant"], ["test_acc", "val_acc"])
+    table["test_acc - soft (paired)"] = paired_difference(results, ["dataset"], "test_acc")["test_acc"].reindex(table.index).fillna("")
     table["paper"] = [PAPER_ACCURACY[d][v] for d, v in table.index]
     return table
 

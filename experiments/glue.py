@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 
 from analysis.metrics import sample_metrics
-from analysis.tables import summarize
+from analysis.tables import paired_difference, summarize
 from bam_pyro import BamConfig, BayesianAttention, ObjectiveConfig, attention_sampling
 from bam_pyro.training import SVITrainer, seed_everything
 from experiments.glue_data import TASKS, Encoded, batches, encode, read_split, task_metrics
@@ -183,7 +183,10 @@ def side_by_side(results: pd.DataFrame) -> pd.DataFrame:
         extra = [m for m in UNCERTAINTY if f"dev_{m}" in group and group[f"dev_{m}"].notna().all()]
         for metric in (*TASKS[task].metrics, *extra):
             table = summarize(group, ["variant"], [f"dev_{metric}"])
-            row = {"task": task, "metric": metric, **table[f"dev_{metric}"].to_dict(), "n": int(table["n"].min())}
+            paired = paired_difference(group, ["task"], f"dev_{metric}")[f"dev_{metric}"]
+            row = {"task": task, "metric": metric, **table[f"dev_{metric}"].to_dict(),
+                   **{f"{variant} - soft (paired)": text for (_, variant), text in paired.items()},
+                   "n": int(table["n"].min())}
             if task in PAPER_SCORES and metric == TASKS[task].metrics[-1 if task == "mrpc" else 0]:
                 row["paper (ALBERT soft -> WC)"] = "{} -> {}".format(*PAPER_SCORES[task])
             rows.append(row)

@@ -1,7 +1,11 @@
-"""A results folder resumes a sweep and never passes one setting's result off as another's."""
+"""Run folders: a sweep resumes and never passes one setting's result off as another's; shards
+merge into one table with paired differences."""
 
+import pandas as pd
 import pytest
 
+from analysis.tables import paired_difference
+from experiments.collect import main as collect_main
 from experiments.gat import settings_for
 from experiments.runs import ResultsFile
 
@@ -30,3 +34,32 @@ def test_checkpoint_name_changes_with_any_setting(tmp_path):
     assert preset == results.checkpoint(settings_for("cora", "wc", 0, {}).row())
     assert preset.name.startswith("cora-wc-0-") and preset.parent == tmp_path / "checkpoints"
     assert preset != results.checkpoint(settings_for("cora", "wc", 0, {"beta": 1e-9}).row())
+
+
+def test_paired_difference_pairs_runs_by_seed():
+    results = pd.DataFrame(dict(
+        task=["a"] * 5 + ["b"] * 2, variant=["soft", "wc", "soft", "wc", "wc", "soft", "wc"],
+        seed=[0, 0, 1, 1, 2, 0, 0], score=[1.0, 2.0, 3.0, 3.5, 9.0, 5.0, 4.0]))
+    table = paired_difference(results, ["task"], "score")
+    assert table.loc[("a", "wc"), "n"] == 2  # seed 2 has no soft run to pair with
+    assert table.loc[("a", "wc"), "score"] == "+0.75 ± 0.35"  # (1.0 + 0.5) / 2, std of (1.0, 0.5)
+    assert table.loc[("b", "wc"), "score"] == "-1.00 ± 0.00"
+
+
+def test_collect_merges_shards_later_folder_wins(tmp_path):
+    def shard(name, rows):
+        ResultsFile(tmp_path / name, ("dataset", "variant", "seed"))  # creates the folder
+        pd.DataFrame(rows).to_csv(tmp_path / name / "results.csv", index=False)
+        return str(tmp_path / name)
+
+    run = dict(dataset="cora", val_acc=80.0)
+    first = shard("soft", [dict(run, variant="soft", seed=s, test_acc=80.0 + s) for s in (0, 1)])
+    second = shard("wc", [dict(run, variant="wc", seed=s, test_acc=81.0 + s) for s in (0, 1)]
+                   + [dict(run, variant="soft", seed=1, test_acc=82.0)])
+    table = collect_main(["gat", first, second, "--out", str(tmp_path / "all")])
+    merged = pd.read_csv(tmp_path / "all" / "results.csv")
+    assert len(merged) == 4 and merged.query("variant == 'soft' and seed == 1").test_acc.item() == 82.0
+    assert table.loc[("cora", "wc"), "test_acc - soft (paired)"] == "+0.50 ± 0.71"  # seed 0: 81 - 80, seed 1: 82 - 82 (the later soft row)
+    assert (tmp_path / "all" / "paired.png").stat().st_size > 0
+    with pytest.raises(FileNotFoundError, match="no results.csv"):
+        collect_main(["gat", str(tmp_path / "missing"), "--out", str(tmp_path / "x")])

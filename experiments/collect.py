@@ -1,0 +1,65 @@
+"""Merge the results of several run folders into one table and picture.
+
+A sweep split into shards that run in parallel writes one folder per shard (a results file takes one
+writer). This gathers them: ``python -m experiments.collect glue runs/glue-rte runs/glue-mrpc --out
+runs/glue-all`` writes ``results.csv``, ``table.md`` (mean ± std per variant and the paired difference
+to soft) and ``paired.png`` (every seed's runs joined by a line). For a run present in several
+folders the later folder's row wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Callable, NamedTuple, Optional
+
+import pandas as pd
+
+from analysis.plots import paired_runs
+from experiments.gat import accuracy_table
+from experiments.glue import side_by_side
+from experiments.glue_data import TASKS
+
+
+class Kind(NamedTuple):
+    panel: str  # the column that names a task or data set
+    table: Callable[[pd.DataFrame], pd.DataFrame]
+    metric: Callable[[str], str]  # the column plotted for one panel
+
+
+KINDS = {
+    "gat": Kind("dataset", accuracy_table, lambda dataset: "test_acc"),
+    "glue": Kind("task", side_by_side, lambda task: f"dev_{TASKS[task].metrics[0]}"),
+}
+
+
+def read_results(folders: list[Path], panel: str) -> pd.DataFrame:
+    frames = []
+    for folder in folders:
+        path = Path(folder) / "results.csv"
+        if not path.is_file():
+            raise FileNotFoundError(f"no results.csv in {folder}: not a run folder (or no run finished there yet)")
+        frames.append(pd.read_csv(path))
+    return pd.concat(frames, ignore_index=True).drop_duplicates([panel, "variant", "seed"], keep="last")
+
+
+def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("kind", choices=sorted(KINDS))
+    p.add_argument("folders", nargs="+", type=Path)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    kind = KINDS[args.kind]
+    results = read_results(args.folders, kind.panel)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results.to_csv(args.out / "results.csv", index=False)
+    table = kind.table(results)
+    (args.out / "table.md").write_text(table.to_markdown() + "\n")
+    metrics = {name: kind.metric(name) for name in results[kind.panel].unique()}
+    paired_runs(results, kind.panel, metrics, args.out / "paired.png")
+    print(table.to_markdown())
+    return table
+
+
+if __name__ == "__main__":
+    main()
