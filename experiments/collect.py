@@ -4,7 +4,8 @@ A sweep split into shards that run in parallel writes one folder per shard (a re
 writer). This gathers them: ``python -m experiments.collect glue runs/glue-rte runs/glue-mrpc --out
 runs/glue-all`` writes ``results.csv``, ``table.md`` (mean ± std per variant and the paired difference
 to soft) and ``paired.png`` (every seed's runs joined by a line). For a run present in several
-folders the later folder's row wins.
+folders the later folder's row wins; runs of one task and variant that differ in a setting are an
+error, not a mean.
 """
 
 from __future__ import annotations
@@ -25,22 +26,34 @@ class Kind(NamedTuple):
     panel: str  # the column that names a task or data set
     table: Callable[[pd.DataFrame], pd.DataFrame]
     metric: Callable[[str], str]  # the column plotted for one panel
+    is_outcome: Callable[[str], bool]  # columns measured by a run (the others are its settings)
 
 
 KINDS = {
-    "gat": Kind("dataset", accuracy_table, lambda dataset: "test_acc"),
-    "glue": Kind("task", side_by_side, lambda task: f"dev_{TASKS[task].metrics[0]}"),
+    "gat": Kind("dataset", accuracy_table, lambda dataset: "test_acc",
+                lambda c: c in ("best_epoch", "epochs", "val_acc", "test_acc", "seconds")),
+    "glue": Kind("task", side_by_side, lambda task: f"dev_{TASKS[task].metrics[0]}",
+                 lambda c: c.startswith("dev_") or c in ("train_loss", "seconds", "draws")),
 }
 
 
-def read_results(folders: list[Path], panel: str) -> pd.DataFrame:
+def read_results(folders: list[Path], kind: Kind) -> pd.DataFrame:
+    """The folders' rows, one per (task, variant, seed). Rows of one task and variant must share
+    their settings (a blank, from a file written before that setting was recorded, matches any)."""
     frames = []
     for folder in folders:
         path = Path(folder) / "results.csv"
         if not path.is_file():
             raise FileNotFoundError(f"no results.csv in {folder}: not a run folder (or no run finished there yet)")
         frames.append(pd.read_csv(path))
-    return pd.concat(frames, ignore_index=True).drop_duplicates([panel, "variant", "seed"], keep="last")
+    results = pd.concat(frames, ignore_index=True).drop_duplicates([kind.panel, "variant", "seed"], keep="last")
+    settings = [c for c in results.columns if c not in (kind.panel, "variant", "seed") and not kind.is_outcome(c)]
+    for (name, variant), runs in results.groupby([kind.panel, "variant"], sort=False):
+        mixed = {c: sorted(map(str, runs[c].dropna().unique())) for c in settings if runs[c].dropna().nunique() > 1}
+        if mixed:
+            raise ValueError(f"the {name}/{variant} runs differ in their settings {mixed}: "
+                             "they are not seeds of one experiment")
+    return results
 
 
 def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
@@ -50,7 +63,7 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     kind = KINDS[args.kind]
-    results = read_results(args.folders, kind.panel)
+    results = read_results(args.folders, kind)
     args.out.mkdir(parents=True, exist_ok=True)
     results.to_csv(args.out / "results.csv", index=False)
     table = kind.table(results)

@@ -63,3 +63,12 @@ def test_collect_merges_shards_later_folder_wins(tmp_path):
     assert (tmp_path / "all" / "paired.png").stat().st_size > 0
     with pytest.raises(FileNotFoundError, match="no results.csv"):
         collect_main(["gat", str(tmp_path / "missing"), "--out", str(tmp_path / "x")])
+
+
+def test_collect_refuses_to_average_different_settings(tmp_path):
+    for name, k in (("a", 1.0), ("b", 10.0)):
+        (tmp_path / name).mkdir()
+        pd.DataFrame([dict(dataset="cora", variant="wc", seed=int(k), k=k, test_acc=80.0, val_acc=80.0)]).to_csv(
+            tmp_path / name / "results.csv", index=False)
+    with pytest.raises(ValueError, match=r"cora/wc runs differ in their settings \{'k'"):
+        collect_main(["gat", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "all")])
