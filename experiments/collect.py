@@ -17,8 +17,7 @@ from typing import Callable, NamedTuple, Optional
 import pandas as pd
 
 from analysis.plots import paired_runs
-from experiments.gat import accuracy_table
-from experiments.glue import side_by_side
+from experiments import gat, glue
 from experiments.glue_data import TASKS
 
 
@@ -26,14 +25,14 @@ class Kind(NamedTuple):
     panel: str  # the column that names a task or data set
     table: Callable[[pd.DataFrame], pd.DataFrame]
     metric: Callable[[str], str]  # the column plotted for one panel
-    is_outcome: Callable[[str], bool]  # columns measured by a run (the others are its settings)
+    settings: tuple[str, ...]  # the columns a run's settings fill (its script's RunSettings.row())
 
 
 KINDS = {
-    "gat": Kind("dataset", accuracy_table, lambda dataset: "test_acc",
-                lambda c: c in ("best_epoch", "epochs", "val_acc", "test_acc", "seconds")),
-    "glue": Kind("task", side_by_side, lambda task: f"dev_{TASKS[task].metrics[0]}",
-                 lambda c: c.startswith("dev_") or c in ("train_loss", "seconds", "draws")),
+    "gat": Kind("dataset", gat.accuracy_table, lambda dataset: "test_acc",
+                tuple(gat.settings_for("cora", "wc", 0, {}).row())),
+    "glue": Kind("task", glue.side_by_side, lambda task: f"dev_{TASKS[task].metrics[0]}",
+                 tuple(glue.settings_for("rte", "wc", 0, "model", {}).row())),
 }
 
 
@@ -47,7 +46,7 @@ def read_results(folders: list[Path], kind: Kind) -> pd.DataFrame:
             raise FileNotFoundError(f"no results.csv in {folder}: not a run folder (or no run finished there yet)")
         frames.append(pd.read_csv(path))
     results = pd.concat(frames, ignore_index=True).drop_duplicates([kind.panel, "variant", "seed"], keep="last")
-    settings = [c for c in results.columns if c not in (kind.panel, "variant", "seed") and not kind.is_outcome(c)]
+    settings = [c for c in kind.settings if c in results and c not in (kind.panel, "variant", "seed")]
     for (name, variant), runs in results.groupby([kind.panel, "variant"], sort=False):
         mixed = {c: sorted(map(str, runs[c].dropna().unique())) for c in settings if runs[c].dropna().nunique() > 1}
         if mixed:

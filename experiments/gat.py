@@ -23,7 +23,7 @@ from analysis.tables import paired_difference, summarize
 from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.training import EarlyStopping, SVITrainer, seed_everything
 from experiments.planetoid import NAMES, load_planetoid
-from experiments.runs import ResultsFile, add_run_arguments
+from experiments.runs import BAM_FIELDS, ResultsFile, add_run_arguments
 from guides import AttentionGuide
 from models.gat import NodeClassifier, build_node_classifier, validate_graph
 
@@ -66,8 +66,6 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "wc": dict(k=10.0, beta=1e-4, rho=0.2, d_mid=5),
     },
 }
-
-BAM_FIELDS = ("k", "sigma_q", "sigma_p", "beta", "alpha", "d_mid", "detach_prior_keys")
 
 
 @dataclass
@@ -183,8 +181,8 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
                 if results.has(settings.row()):
                     continue
                 start = time.perf_counter()
-                _, row = train_node_classifier(settings, data, num_features, num_classes,
-                                               results.checkpoint(settings.row()), not args.no_progress)
+                checkpoint = results.checkpoint(settings.row())
+                _, row = train_node_classifier(settings, data, num_features, num_classes, checkpoint, not args.no_progress)
                 print(f"{dataset:9s} {variant:5s} seed {seed}: test acc {row['test_acc']:.2f} "
                       f"(val {row['val_acc']:.2f}, best epoch {row['best_epoch']}, {time.perf_counter() - start:.0f}s)", flush=True)
                 results.add(row)

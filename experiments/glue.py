@@ -35,7 +35,7 @@ from analysis.tables import paired_difference, summarize
 from bam_pyro import BamConfig, BayesianAttention, ObjectiveConfig, attention_sampling
 from bam_pyro.training import SVITrainer, seed_everything
 from experiments.glue_data import TASKS, Encoded, batches, encode, read_split, task_metrics
-from experiments.runs import ResultsFile, add_run_arguments
+from experiments.runs import BAM_FIELDS, ResultsFile, add_run_arguments
 from guides import AttentionGuide
 from models.transformers_bam import DEFAULT_MODEL, build_sequence_model, resolve_pretrained
 
@@ -43,8 +43,6 @@ from models.transformers_bam import DEFAULT_MODEL, build_sequence_model, resolve
 PAPER_K = {"cola": 10.0, "stsb": 20.0, "sst2": 1000.0, "rte": 1000.0, "mrpc": 100.0}
 #: ALBERT-base dev scores of the paper's Table 5, soft -> BAM-WC (STS-B: Pearson; MRPC: accuracy).
 PAPER_SCORES = {"mrpc": (86.5, 88.5), "cola": (54.5, 55.8), "rte": (75.8, 76.2), "stsb": (90.3, 91.1), "sst2": (92.4, 92.7)}
-
-BAM_FIELDS = ("k", "sigma_q", "sigma_p", "beta", "alpha", "d_mid", "detach_prior_keys")
 
 
 @dataclass

@@ -4,6 +4,7 @@ makes a sweep resumable (finished runs are skipped, each new row is saved at onc
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
@@ -13,7 +14,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from bam_pyro.config import VARIANTS
+from bam_pyro.config import VARIANTS, BamConfig
+
+#: the hyperparameters of ``BamConfig`` (all but the variant): overridable and recorded in every row
+BAM_FIELDS = tuple(f.name for f in dataclasses.fields(BamConfig) if f.name != "variant")
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, default_out: str, data_help: str) -> None:
