@@ -14,6 +14,7 @@ Variant = Literal["soft", "nokl", "lf", "lc", "wf", "wc"]
 Family = Literal["weibull", "lognormal"]
 PriorKind = Literal["fixed", "contextual"]
 Reduction = Literal["mean", "sum"]
+GammaShape = Literal["psi_beta", "psi"]
 
 #: variant name -> (variational family, prior kind); ``None`` where the variant has none.
 VARIANTS: dict[str, tuple[Optional[Family], Optional[PriorKind]]] = {
@@ -43,8 +44,13 @@ class BamConfig:
     sigma_p: Lognormal scale of the prior.
     mu_p: location of the fixed Lognormal prior (``lf`` only).
     beta: rate of the Gamma prior.
-    alpha: shape of the fixed Gamma prior (``wf`` only). The contextual Gamma prior uses
-        ``alpha = Psi * beta`` as the reference code does, so that its mean is ``Psi``.
+    alpha: shape of the fixed Gamma prior (``wf`` only).
+    gamma_shape: shape of the contextual Gamma prior. ``psi_beta`` (the reference code):
+        ``alpha = Psi * beta``, so the prior's mean is ``Psi``; the KL's terms in q are then
+        ``beta * (exp(Phi) - Psi * Phi)``, a pull of the attention towards ``Psi`` that vanishes
+        with beta. ``psi`` (the paper's text): ``alpha = Psi``; the KL's terms in q are
+        ``beta * exp(Phi) - Psi * Phi``, a cross-entropy from the prior ``Psi`` to the attention
+        ``W = exp(Phi)`` that stays whatever beta is (beta then only scales the ``exp(Phi)`` term).
     d_mid: hidden width of the contextual prior network ``F2(relu(F1(K)))``.
     detach_prior_keys: stop the KL's gradient at the contextual prior's input, so that the prior
         network learns from the keys without reshaping them. With a small Gamma shape
@@ -59,6 +65,7 @@ class BamConfig:
     mu_p: float = 0.0
     beta: float = 1.0
     alpha: float = 1.0
+    gamma_shape: GammaShape = "psi_beta"
     d_mid: int = 1
     detach_prior_keys: bool = False
 
@@ -71,6 +78,8 @@ class BamConfig:
             _require_positive(name, getattr(self, name))
         if not isinstance(self.mu_p, (int, float)) or not math.isfinite(self.mu_p):
             raise ValueError(f"mu_p must be a finite number, got {self.mu_p!r}")
+        if self.gamma_shape not in ("psi_beta", "psi"):
+            raise ValueError(f"gamma_shape must be 'psi_beta' or 'psi', got {self.gamma_shape!r}")
         if not isinstance(self.d_mid, int) or isinstance(self.d_mid, bool) or self.d_mid <= 0:
             raise ValueError(f"d_mid must be a positive integer, got {self.d_mid!r}")
         if not isinstance(self.detach_prior_keys, bool):

@@ -2,7 +2,8 @@
 
 Variational q(S | Phi) and prior p(S | Psi), element-wise over attention entries. Both q's
 are parameterized so that ``E_q[S] = exp(Phi)``: replacing S by its mean gives back softmax
-attention. The prior's mean is ``Psi`` (contextual) or a constant (fixed).
+attention. The contextual Gamma prior's shape is ``Psi * beta`` (mean ``Psi``) or ``Psi``
+(``BamConfig.gamma_shape``); the fixed prior's parameters are constants.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def prior_distribution(
         if log_psi is None:
             alpha = like.new_tensor(config.alpha).expand(shape)
         else:
-            log_alpha = log_psi + math.log(config.beta)
+            log_alpha = log_psi + math.log(config.beta) if config.gamma_shape == "psi_beta" else log_psi
             alpha = log_alpha.clamp_min(math.log(MIN_GAMMA_SHAPE)).exp().expand(shape)
         return dist.Gamma(alpha, like.new_tensor(config.beta).expand(shape), validate_args=False)
     if config.family == "lognormal":

@@ -141,8 +141,9 @@ def predictive_draws(
 
 def prior_location(prior: dist.TorchDistribution) -> Tensor:
     """Where an attention prior p(S) is centred, per entry: the Gamma mean ``alpha / beta`` or the
-    LogNormal median ``exp(mu)``, i.e. the contextual prior's Psi (normalized over each query's
-    keys) or, for a fixed prior, a constant (normalize it over the keys to get uniform weights)."""
+    LogNormal median ``exp(mu)``: proportional to the contextual prior's Psi (``Psi / beta`` when
+    ``gamma_shape="psi"``, so normalize over each query's keys to get Psi) or, for a fixed prior,
+    a constant (normalized over the keys: uniform weights)."""
     base = prior
     while isinstance(base, (AttentionMap, dist.Independent, dist.MaskedDistribution)):
         base = base.base_dist

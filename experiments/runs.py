@@ -30,6 +30,12 @@ def add_run_arguments(parser: argparse.ArgumentParser, default_out: str, data_he
     parser.add_argument("--no-progress", action="store_true")
 
 
+def add_gamma_shape_argument(group: argparse._ArgumentGroup) -> None:
+    """--gamma-shape: the contextual Gamma prior's shape (``BamConfig.gamma_shape``)."""
+    group.add_argument("--gamma-shape", choices=["psi_beta", "psi"], default=None,
+                       help="contextual Gamma shape: Psi * beta (reference code) or Psi (paper's text)")
+
+
 def _same_setting(recorded: object, asked: object) -> bool:
     """Equality of a setting read back from the CSV and one asked for (NaN is None, floats to 1e-9)."""
     if asked is None or (isinstance(asked, float) and math.isnan(asked)):

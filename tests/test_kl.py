@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch.distributions import Gamma, LogNormal, Weibull, kl_divergence
 
-from bam_pyro.distributions import MeanWeibull
+from bam_pyro import BamConfig
+from bam_pyro.distributions import MeanWeibull, prior_distribution, variational_distribution
 from bam_pyro.kl import kl_lognormal_lognormal, kl_mean_weibull_gamma, kl_weibull_gamma
 
 
@@ -170,3 +171,26 @@ def test_summed_site_kl_equals_the_masked_sum_of_entry_kls(kind):
     expected = torch.autograd.grad(reference, (phi, log_psi), upstream)
     for g, e in zip(got, expected):
         assert torch.allclose(g, e, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("gamma_shape", ["psi_beta", "psi"])
+def test_contextual_gamma_shape_and_its_pull_on_the_attention(gamma_shape):
+    """alpha = Psi * beta (reference code) or Psi (paper's text). The KL's gradient in Phi is
+    ``beta * exp(Phi) - alpha``: with beta = 1e-10 the first reading leaves q alone, the second
+    pulls the attention towards Psi (a cross-entropy from Psi to W = exp(Phi))."""
+    beta = 1e-10
+    config = BamConfig("wc", k=1.0, beta=beta, gamma_shape=gamma_shape)
+    psi = torch.tensor([0.7, 0.2, 0.1])
+    phi = torch.log(torch.tensor([0.2, 0.3, 0.5])).requires_grad_()
+    prior = prior_distribution(psi.log(), config, phi.shape, phi)
+    expected_alpha = psi * beta if gamma_shape == "psi_beta" else psi
+    assert torch.allclose(prior.concentration, expected_alpha)
+    kl_divergence(variational_distribution(phi, config), prior).sum().backward()
+    assert torch.allclose(phi.grad, beta * phi.detach().exp() - expected_alpha, atol=1e-7)
+    if gamma_shape == "psi":  # descending the KL raises log W where Psi is large
+        assert torch.allclose(phi.grad, -psi, atol=1e-6)
+
+
+def test_gamma_shape_is_validated():
+    with pytest.raises(ValueError, match="gamma_shape must be 'psi_beta' or 'psi'"):
+        BamConfig("wc", gamma_shape="psi*beta")
