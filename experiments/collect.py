@@ -24,14 +24,14 @@ from experiments.glue_data import TASKS
 class Kind(NamedTuple):
     panel: str  # the column that names a task or data set
     table: Callable[[pd.DataFrame], pd.DataFrame]
-    metric: Callable[[str], str]  # the column plotted for one panel
+    metric: Callable[[pd.DataFrame, str], str]  # the column plotted for one panel (its runs, its name)
     settings: tuple[str, ...]  # the columns a run's settings fill (its script's RunSettings.row())
 
 
 KINDS = {
-    "gat": Kind("dataset", gat.accuracy_table, lambda dataset: "test_acc",
+    "gat": Kind("dataset", gat.accuracy_table, lambda runs, dataset: "test_acc",
                 tuple(gat.settings_for("cora", "wc", 0, {}).row())),
-    "glue": Kind("task", glue.side_by_side, lambda task: f"dev_{TASKS[task].metrics[0]}",
+    "glue": Kind("task", glue.side_by_side, lambda runs, task: f"{glue.score_prefix(runs)}_{TASKS[task].metrics[0]}",
                  tuple(glue.settings_for("rte", "wc", 0, "model", {}).row())),
 }
 
@@ -67,7 +67,7 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     results.to_csv(args.out / "results.csv", index=False)
     table = kind.table(results)
     (args.out / "table.md").write_text(table.to_markdown() + "\n")
-    metrics = {name: kind.metric(name) for name in results[kind.panel].unique()}
+    metrics = {name: kind.metric(runs, name) for name, runs in results.groupby(kind.panel, sort=False)}
     paired_runs(results, kind.panel, metrics, args.out / "paired.png")
     print(table.to_markdown())
     return table

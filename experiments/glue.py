@@ -11,7 +11,9 @@ contextual prior's input (``detach_prior_keys``): with alpha = Psi * beta ~ 1e-4
 CoLA: 10x the soft model's gradient on the query/key weights; the model then never leaves the
 majority class); ``--prior-keys-gradient`` restores it. Optimizer: AdamW, linear warmup over
 the first 10% of the steps then linear decay, gradient clipping at 1. The dev set is what is
-reported, so nothing is tuned or early-stopped on it: the final epoch's model is scored.
+reported, so nothing is tuned or early-stopped on it: the final epoch's model is scored. To tune,
+``--holdout N`` trains on the rest of the training set and scores on N training examples held
+out by a fixed permutation (columns ``heldout_*`` instead of ``dev_*``).
 Classification runs also report uncertainty metrics (NLL, ECE, Brier, PAvPU at p < 0.05, from
 ``analysis.metrics``) of ``--draws`` posterior samples of the attention.
 Rows already in ``<out>/results.csv`` are skipped; an interrupted run resumes from its checkpoint.
@@ -62,6 +64,12 @@ class RunSettings:
     warmup: float = 0.1
     max_length: int = 128
     max_train: Optional[int] = None
+    holdout: Optional[int] = None
+
+    @property
+    def scored_on(self) -> str:
+        """The split the run is scored on, the prefix of its metric columns."""
+        return "dev" if self.holdout is None else "heldout"
 
     def row(self) -> dict[str, Any]:
         c = self.config
@@ -70,6 +78,7 @@ class RunSettings:
             **{f: getattr(c, f) for f in BAM_FIELDS}, att_kl=self.objective.kl_weight,
             rho=self.objective.anneal_rate, lr=self.lr, weight_decay=self.weight_decay, warmup=self.warmup,
             batch_size=self.batch_size, epochs=self.epochs, max_length=self.max_length, max_train=self.max_train,
+            holdout=self.holdout,
         )
 
 
@@ -100,12 +109,13 @@ def predict(network: torch.nn.Module, data: Encoded, batch_size: int, pad_id: in
     return torch.cat(outputs).numpy(), torch.cat(labels).numpy()
 
 
-def dev_metrics(task: str, outputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+def score_metrics(task: str, outputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     pred = outputs[:, 0] if TASKS[task].is_regression else outputs.argmax(-1)
     return task_metrics(task, pred, labels)
 
 
 #: uncertainty metrics of classification tasks (``analysis.metrics``), reported as ``dev_<name>``
+#: (or ``heldout_<name>``)
 UNCERTAINTY = ("nll", "ece", "brier", "pavpu@0.05")
 
 
@@ -129,16 +139,17 @@ def uncertainty_metrics(samples: np.ndarray, labels: np.ndarray) -> dict[str, fl
 
 
 def train_glue(
-    settings: RunSettings, train: Encoded, dev: Encoded, pad_id: int,
+    settings: RunSettings, train: Encoded, scored: Encoded, pad_id: int,
     checkpoint: Optional[Path] = None, progress: bool = True, draws: int = 10,
 ) -> dict[str, Any]:
-    """Finetune one model; returns its result row: dev metrics of the final model's posterior-mean
-    prediction and, for classification with ``draws`` > 0, uncertainty metrics of ``draws``
+    """Finetune one model; returns its result row: metrics on ``scored`` (dev or held-out split,
+    ``settings.scored_on``) of the final model's posterior-mean prediction and, for classification with ``draws`` > 0, uncertainty metrics of ``draws``
     posterior samples."""
     seed_everything(settings.seed)
     spec = TASKS[settings.task]
     bam_model = build_sequence_model(settings.model, spec.num_labels, settings.config, settings.objective)
     optimizer = torch.optim.AdamW(bam_model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    prefix = settings.scored_on
     trainer = SVITrainer(bam_model, AttentionGuide(bam_model.model), optimizer,
                          checkpoint=checkpoint, checkpoint_every=1, grad_clip=1.0)
     steps_per_epoch = -(-len(train) // settings.batch_size)
@@ -153,17 +164,18 @@ def train_glue(
             yield batch
 
     def evaluate() -> dict[str, float]:
-        return {f"dev_{k}": v for k, v in dev_metrics(settings.task, *predict(bam_model.network, dev, settings.batch_size, pad_id)).items()}
+        outputs = predict(bam_model.network, scored, settings.batch_size, pad_id)
+        return {f"{prefix}_{k}": v for k, v in score_metrics(settings.task, *outputs).items()}
 
     description = f"{settings.task}/{settings.variant}/seed{settings.seed}"
     result = trainer.fit(epoch_batches, evaluate, settings.epochs, None, progress, description, steps_per_epoch)
     final = result.history[-1]
-    row = {**settings.row(), **{k: v for k, v in final.items() if k.startswith("dev_")},
+    row = {**settings.row(), **{k: v for k, v in final.items() if k.startswith(f"{prefix}_")},
            "train_loss": final["loss"], "seconds": round(result.seconds, 1)}
     if draws > 0 and not spec.is_regression:
-        samples = posterior_probs(bam_model.network, dev, settings.batch_size, pad_id, draws)
-        labels = predict(bam_model.network, dev, settings.batch_size, pad_id)[1]
-        row.update({f"dev_{k}": v for k, v in uncertainty_metrics(samples, labels).items()}, draws=draws)
+        samples = posterior_probs(bam_model.network, scored, settings.batch_size, pad_id, draws)
+        labels = predict(bam_model.network, scored, settings.batch_size, pad_id)[1]
+        row.update({f"{prefix}_{k}": v for k, v in uncertainty_metrics(samples, labels).items()}, draws=draws)
     return row
 
 
@@ -174,24 +186,44 @@ def subset(frame: pd.DataFrame, size: Optional[int]) -> pd.DataFrame:
     return frame.iloc[np.random.default_rng(0).permutation(len(frame))[:size]].reset_index(drop=True)
 
 
+def holdout_split(frame: pd.DataFrame, size: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(rest, held out): ``size`` examples held out of a training set by a fixed permutation, the
+    same for every run, so hyperparameters can be chosen without looking at the dev set."""
+    if not 0 < size < len(frame):
+        raise ValueError(f"--holdout must be between 1 and {len(frame) - 1} (the training set has {len(frame)} examples), got {size}")
+    order = np.random.default_rng(1).permutation(len(frame))
+    return frame.iloc[order[size:]].reset_index(drop=True), frame.iloc[order[:size]].reset_index(drop=True)
+
+
+def score_prefix(runs: pd.DataFrame) -> str:
+    """``dev`` or ``heldout``: the split ``runs`` were scored on (one split, or an error)."""
+    held_out = runs["holdout"].notna() if "holdout" in runs else pd.Series(False, index=runs.index)
+    if held_out.any() and not held_out.all():
+        raise ValueError("these runs mix dev and held-out scores (--holdout); compare runs of one split")
+    return "heldout" if held_out.any() else "dev"
+
+
 def side_by_side(results: pd.DataFrame) -> pd.DataFrame:
-    """Mean ± std over seeds of every dev metric, one row per (task, metric), one column per variant."""
+    """Mean ± std over seeds of every metric (on dev, or on the held-out split), one row per
+    (task, metric), one column per variant."""
     rows = []
     for task, group in results.groupby("task", sort=False):
-        extra = [m for m in UNCERTAINTY if f"dev_{m}" in group and group[f"dev_{m}"].notna().all()]
+        split = score_prefix(group)
+        extra = [m for m in UNCERTAINTY if f"{split}_{m}" in group and group[f"{split}_{m}"].notna().all()]
         for metric in (*TASKS[task].metrics, *extra):
-            table = summarize(group, ["variant"], [f"dev_{metric}"])
-            paired = paired_difference(group, ["task"], f"dev_{metric}")[f"dev_{metric}"]
-            row = {"task": task, "metric": metric, **table[f"dev_{metric}"].to_dict(),
+            column = f"{split}_{metric}"
+            table = summarize(group, ["variant"], [column])
+            paired = paired_difference(group, ["task"], column)[column]
+            row = {"task": task, "metric": metric, "split": split, **table[column].to_dict(),
                    **{f"{variant} - soft (paired)": text for (_, variant), text in paired.items()},
                    "n": int(table["n"].min())}
-            if task in PAPER_SCORES and metric == TASKS[task].metrics[-1 if task == "mrpc" else 0]:
+            if split == "dev" and task in PAPER_SCORES and metric == TASKS[task].metrics[-1 if task == "mrpc" else 0]:
                 row["paper (ALBERT soft -> WC)"] = "{} -> {}".format(*PAPER_SCORES[task])
             rows.append(row)
     return pd.DataFrame(rows).set_index(["task", "metric"])
 
 
-OVERRIDES = ("k", "beta", "gamma_shape", "d_mid", "detach_prior_keys", "att_kl", "rho", "lr", "weight_decay", "batch_size", "epochs", "warmup", "max_length", "max_train")
+OVERRIDES = ("k", "beta", "gamma_shape", "d_mid", "detach_prior_keys", "att_kl", "rho", "lr", "weight_decay", "batch_size", "epochs", "warmup", "max_length", "max_train", "holdout")
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -205,6 +237,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         g.add_argument(f"--{name.replace('_', '-')}", type=float, default=None)
     for name in ("d_mid", "batch_size", "epochs", "max_length", "max_train"):
         g.add_argument(f"--{name.replace('_', '-')}", type=int, default=None)
+    g.add_argument("--holdout", type=int, default=None, metavar="N",
+                   help="score on N training examples held out of training (for tuning) instead of the dev set")
     add_gamma_shape_argument(g)
     g.add_argument("--prior-keys-gradient", dest="detach_prior_keys", action="store_const", const=False, default=None,
                    help="let the KL's gradient reach the keys through the contextual prior (by default it stops there)")
@@ -224,16 +258,18 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     overrides = {name: getattr(args, name) for name in OVERRIDES}
     for task in args.task:
         settings = [settings_for(task, v, s, model, overrides) for s in args.seeds for v in args.variant]  # paired by seed
-        max_length, max_train = settings[0].max_length, settings[0].max_train
-        train = encode(subset(read_split(task, "train", args.data_root), max_train), tokenizer, max_length)
-        dev = encode(read_split(task, "dev", args.data_root), tokenizer, max_length)
+        max_length, max_train, holdout = settings[0].max_length, settings[0].max_train, settings[0].holdout
+        train = read_split(task, "train", args.data_root)
+        train, scored = (train, read_split(task, "dev", args.data_root)) if holdout is None else holdout_split(train, holdout)
+        train, scored = (encode(frame, tokenizer, max_length) for frame in (subset(train, max_train), scored))
         for run in settings:
             if results.has(run.row()):
                 continue
             start = time.perf_counter()
-            row = train_glue(run, train, dev, tokenizer.pad_token_id, results.checkpoint(run.row()),
+            row = train_glue(run, train, scored, tokenizer.pad_token_id, results.checkpoint(run.row()),
                              not args.no_progress, args.draws)
-            scores = ", ".join(f"{k[4:]} {v:.3g}" for k, v in row.items() if k.startswith("dev_"))
+            prefix = f"{run.scored_on}_"
+            scores = ", ".join(f"{k[len(prefix):]} {v:.3g}" for k, v in row.items() if k.startswith(prefix))
             print(f"{task:5s} {run.variant:5s} seed {run.seed}: {scores} ({time.perf_counter() - start:.0f}s)", flush=True)
             results.add(row)
     done = results.frame

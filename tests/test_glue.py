@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.glue import linear_schedule, side_by_side, subset
+from experiments.glue import holdout_split, linear_schedule, settings_for, side_by_side, subset
 from experiments.glue_data import TASKS, Encoded, batches, matthews, read_split, task_metrics
 
 SIZES = {"rte": (2490, 277), "mrpc": (3668, 408), "cola": (8551, 1043), "stsb": (5749, 1500), "sst2": (67349, 872)}
@@ -68,6 +68,27 @@ def test_schedule_subset_and_table():
     table = side_by_side(results)
     assert table.loc[("rte", "accuracy"), "soft"] == "61.00 ± 1.41"
     assert table.loc[("rte", "accuracy"), "wc"] == "64.00 ± 1.41"
+    assert table.loc[("rte", "accuracy"), "split"] == "dev"
+
+
+def test_holdout_split_is_fixed_disjoint_and_scored_apart_from_dev():
+    frame = pd.DataFrame({"text_a": [f"s{i}" for i in range(50)], "label": np.arange(50) % 2})
+    rest, held_out = holdout_split(frame, 8)
+    assert len(held_out) == 8 and len(rest) == 42
+    assert set(rest.text_a).isdisjoint(held_out.text_a) and set(rest.text_a) | set(held_out.text_a) == set(frame.text_a)
+    assert held_out.equals(holdout_split(frame, 8)[1])  # the same split for every run and variant
+    with pytest.raises(ValueError, match="--holdout must be between 1 and 49"):
+        holdout_split(frame, 50)
+    run = settings_for("mrpc", "wc", 0, "model", {"holdout": 8})
+    assert run.scored_on == "heldout" and run.row()["holdout"] == 8
+    assert settings_for("mrpc", "wc", 0, "model", {}).scored_on == "dev"
+    results = pd.DataFrame({"task": "mrpc", "variant": ["soft", "wc"], "seed": 0, "holdout": 8,
+                            "heldout_accuracy": [70.0, 72.0], "heldout_f1": [80.0, 81.0]})
+    table = side_by_side(results)
+    assert table.loc[("mrpc", "f1"), "split"] == "heldout" and table.loc[("mrpc", "f1"), "wc"] == "81.00 ± 0.00"
+    assert "paper (ALBERT soft -> WC)" not in table  # the paper's figures are dev scores
+    with pytest.raises(ValueError, match="mix dev and held-out"):
+        side_by_side(results.assign(holdout=[8, None]))
 
 
 def test_posterior_probs_vary_for_bam_only():
