@@ -5,7 +5,9 @@ writer). This gathers them: ``python -m experiments.collect glue runs/glue-rte r
 runs/glue-all`` writes ``results.csv``, ``table.md`` (mean ± std per variant and the paired difference
 to soft) and ``paired.png`` (every seed's runs joined by a line). For a run present in several
 folders the later folder's row wins; runs of one task and variant that differ in a setting are an
-error, not a mean.
+error, not a mean. ``--compare`` is for a sweep over settings instead: each distinct setting of a
+task and variant is a row of its own (the settings that vary shown as columns, a blank recorded as
+"(not recorded)"), and no picture is drawn.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Callable, NamedTuple, Optional
 import pandas as pd
 
 from analysis.plots import paired_runs
+from analysis.tables import summarize
 from experiments import gat, glue
 from experiments.glue_data import TASKS
 
@@ -26,27 +29,38 @@ class Kind(NamedTuple):
     table: Callable[[pd.DataFrame], pd.DataFrame]
     metric: Callable[[pd.DataFrame, str], str]  # the column plotted for one panel (its runs, its name)
     settings: tuple[str, ...]  # the columns a run's settings fill (its script's RunSettings.row())
+    compared: Callable[[pd.DataFrame, str], list[str]]  # the columns a --compare table shows
 
 
 KINDS = {
     "gat": Kind("dataset", gat.accuracy_table, lambda runs, dataset: "test_acc",
-                tuple(gat.settings_for("cora", "wc", 0, {}).row())),
+                tuple(gat.settings_for("cora", "wc", 0, {}).row()), lambda runs, dataset: ["val_acc", "test_acc"]),
     "glue": Kind("task", glue.side_by_side, lambda runs, task: f"{glue.score_prefix(runs)}_{TASKS[task].metrics[0]}",
-                 tuple(glue.settings_for("rte", "wc", 0, "model", {}).row())),
+                 tuple(glue.settings_for("rte", "wc", 0, "model", {}).row()),
+                 lambda runs, task: [f"{glue.score_prefix(runs)}_{m}" for m in TASKS[task].metrics]),
 }
 
 
-def read_results(folders: list[Path], kind: Kind) -> pd.DataFrame:
-    """The folders' rows, one per (task, variant, seed). Rows of one task and variant must share
-    their settings (a blank, from a file written before that setting was recorded, matches any)."""
+def setting_columns(results: pd.DataFrame, kind: Kind) -> list[str]:
+    """The settings recorded in ``results`` other than the run's keys (task, variant, seed)."""
+    return [c for c in kind.settings if c in results and c not in (kind.panel, "variant", "seed")]
+
+
+def read_results(folders: list[Path], kind: Kind, compare: bool = False) -> pd.DataFrame:
+    """The folders' rows, one per (task, variant, seed) or, with ``compare``, per (task, variant,
+    seed, settings). Without ``compare`` rows of one task and variant must share their settings (a
+    blank, from a file written before that setting was recorded, matches any)."""
     frames = []
     for folder in folders:
         path = Path(folder) / "results.csv"
         if not path.is_file():
             raise FileNotFoundError(f"no results.csv in {folder}: not a run folder (or no run finished there yet)")
         frames.append(pd.read_csv(path))
-    results = pd.concat(frames, ignore_index=True).drop_duplicates([kind.panel, "variant", "seed"], keep="last")
-    settings = [c for c in kind.settings if c in results and c not in (kind.panel, "variant", "seed")]
+    results = pd.concat(frames, ignore_index=True)
+    settings = setting_columns(results, kind)
+    if compare:
+        return results.drop_duplicates([kind.panel, "variant", "seed", *settings], keep="last")
+    results = results.drop_duplicates([kind.panel, "variant", "seed"], keep="last")
     for (name, variant), runs in results.groupby([kind.panel, "variant"], sort=False):
         mixed = {c: sorted(map(str, runs[c].dropna().unique())) for c in settings if runs[c].dropna().nunique() > 1}
         if mixed:
@@ -55,21 +69,37 @@ def read_results(folders: list[Path], kind: Kind) -> pd.DataFrame:
     return results
 
 
+def compare_table(results: pd.DataFrame, kind: Kind) -> pd.DataFrame:
+    """Mean ± std over seeds per task, variant and distinct setting, one row each; the settings that
+    vary within a task and variant are columns after the variant."""
+    settings = setting_columns(results, kind)
+    per_run = results.groupby([kind.panel, "variant"], sort=False)
+    varying = [c for c in settings if per_run[c].nunique(dropna=False).gt(1).any()]
+    shown = results.astype({c: object for c in varying})
+    shown[varying] = shown[varying].where(shown[varying].notna(), "(not recorded)")
+    tables = [summarize(runs, [kind.panel, "variant", *varying], kind.compared(runs, name))
+              for name, runs in shown.groupby(kind.panel, sort=False)]
+    return pd.concat(tables).fillna("").reset_index()
+
+
 def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("kind", choices=sorted(KINDS))
     p.add_argument("folders", nargs="+", type=Path)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--compare", action="store_true", help="one row per distinct setting instead of refusing mixed settings")
     args = p.parse_args(argv)
     kind = KINDS[args.kind]
-    results = read_results(args.folders, kind)
+    results = read_results(args.folders, kind, args.compare)
     args.out.mkdir(parents=True, exist_ok=True)
     results.to_csv(args.out / "results.csv", index=False)
-    table = kind.table(results)
-    (args.out / "table.md").write_text(table.to_markdown() + "\n")
-    metrics = {name: kind.metric(runs, name) for name, runs in results.groupby(kind.panel, sort=False)}
-    paired_runs(results, kind.panel, metrics, args.out / "paired.png")
-    print(table.to_markdown())
+    table = compare_table(results, kind) if args.compare else kind.table(results)
+    text = table.to_markdown(index=not args.compare)
+    (args.out / "table.md").write_text(text + "\n")
+    if not args.compare:
+        metrics = {name: kind.metric(runs, name) for name, runs in results.groupby(kind.panel, sort=False)}
+        paired_runs(results, kind.panel, metrics, args.out / "paired.png")
+    print(text)
     return table
 
 
