@@ -142,9 +142,9 @@ def train_glue(
     settings: RunSettings, train: Encoded, scored: Encoded, pad_id: int,
     checkpoint: Optional[Path] = None, progress: bool = True, draws: int = 10,
 ) -> dict[str, Any]:
-    """Finetune one model; returns its result row: metrics on ``scored`` (dev or held-out split,
-    ``settings.scored_on``) of the final model's posterior-mean prediction and, for classification with ``draws`` > 0, uncertainty metrics of ``draws``
-    posterior samples."""
+    """Finetune one model; returns its result row: metrics on ``scored`` (the dev or held-out split,
+    ``settings.scored_on``) of the final model's posterior-mean prediction and, for classification
+    with ``draws`` > 0, uncertainty metrics of ``draws`` posterior samples."""
     seed_everything(settings.seed)
     spec = TASKS[settings.task]
     bam_model = build_sequence_model(settings.model, spec.num_labels, settings.config, settings.objective)
@@ -190,7 +190,8 @@ def holdout_split(frame: pd.DataFrame, size: int) -> tuple[pd.DataFrame, pd.Data
     """(rest, held out): ``size`` examples held out of a training set by a fixed permutation, the
     same for every run, so hyperparameters can be chosen without looking at the dev set."""
     if not 0 < size < len(frame):
-        raise ValueError(f"--holdout must be between 1 and {len(frame) - 1} (the training set has {len(frame)} examples), got {size}")
+        raise ValueError(f"--holdout must be between 1 and {len(frame) - 1} "
+                         f"(the training set has {len(frame)} examples), got {size}")
     order = np.random.default_rng(1).permutation(len(frame))
     return frame.iloc[order[size:]].reset_index(drop=True), frame.iloc[order[:size]].reset_index(drop=True)
 
