@@ -1,7 +1,7 @@
 """Merge the results of several run folders into one table and picture.
 
-A sweep split into shards that run in parallel writes one folder per shard (a results file takes one
-writer). This gathers them: ``python -m experiments.collect glue runs/glue-rte runs/glue-mrpc --out
+A sweep is often spread over several run folders (one per setting, machine or shard). This gathers
+them: ``python -m experiments.collect glue runs/glue-rte runs/glue-mrpc --out
 runs/glue-all`` writes ``results.csv``, ``table.md`` (mean ± std per variant and the paired difference
 to soft) and ``paired.png`` (every seed's runs joined by a line). For a run present in several
 folders the later folder's row wins; runs of one task and variant that differ in a setting are an

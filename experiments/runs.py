@@ -53,16 +53,21 @@ class ResultsFile:
     A folder holds one setting per key (e.g. dataset, variant, seed): asking again for a finished
     run with other hyperparameters raises instead of silently returning the old result, and each
     run's checkpoint is named by a digest of all its settings, so a changed setting never resumes
-    another run's state.
+    another run's state. The file is read again before every check and write, and replaced whole,
+    so processes sharing a folder see each other's finished runs and keep each other's rows.
     """
 
     def __init__(self, out: Path, keys: tuple[str, ...]) -> None:
         out.mkdir(parents=True, exist_ok=True)
         self.path, self.keys = out / "results.csv", keys
-        self.frame = pd.read_csv(self.path) if self.path.exists() else pd.DataFrame()
+        self.frame = self._read()
+
+    def _read(self) -> pd.DataFrame:
+        return pd.read_csv(self.path) if self.path.exists() else pd.DataFrame()
 
     def has(self, settings: Mapping[str, object]) -> bool:
         """Whether the run described by ``settings`` (its result row's settings) is finished."""
+        self.frame = self._read()
         if self.frame.empty:
             return False
         match = pd.Series(True, index=self.frame.index)
@@ -87,5 +92,7 @@ class ResultsFile:
         return self.path.parent / "checkpoints" / f"{stem}-{digest}.pt"
 
     def add(self, row: dict) -> None:
-        self.frame = pd.concat([self.frame, pd.DataFrame([row])], ignore_index=True)
-        self.frame.to_csv(self.path, index=False)
+        self.frame = pd.concat([self._read(), pd.DataFrame([row])], ignore_index=True)
+        partial = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        self.frame.to_csv(partial, index=False)
+        os.replace(partial, self.path)  # atomic: a reader never sees half a file

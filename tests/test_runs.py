@@ -20,6 +20,15 @@ def test_finished_run_is_found_again_after_a_restart(tmp_path):
     assert not reopened.has(settings_for("cora", "wc", 1, {}).row())
 
 
+def test_two_writers_of_one_folder_keep_each_others_rows(tmp_path):
+    first, second = (ResultsFile(tmp_path, ("dataset", "variant", "seed")) for _ in range(2))
+    first.add({**settings_for("cora", "wc", 0, {}).row(), "test_acc": 80.0})
+    assert second.has(settings_for("cora", "wc", 0, {}).row())  # sees the other process's run
+    second.add({**settings_for("cora", "wc", 1, {}).row(), "test_acc": 81.0})
+    assert sorted(pd.read_csv(tmp_path / "results.csv").seed) == [0, 1]
+    assert [p.name for p in tmp_path.iterdir()] == ["results.csv"]
+
+
 def test_same_run_with_other_settings_is_refused_by_name(tmp_path):
     ResultsFile(tmp_path, ("dataset", "variant", "seed")).add({**settings_for("cora", "wc", 0, {}).row(), "test_acc": 80.0})
     reopened = ResultsFile(tmp_path, ("dataset", "variant", "seed"))
