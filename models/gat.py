@@ -83,6 +83,16 @@ class BayesianGATConv(MessagePassing):
         return f"{self.__class__.__name__}({self.lin.in_channels}, {self.out_channels}, heads={self.heads}, {self.attention.config.variant})"
 
 
+def input_dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """Dropout of input features. For data (no gradient wanted) the mask comes from ``uniform_``,
+    in the output's own buffer: the same law as ``F.dropout``, whose CPU ``bernoulli_`` takes 2.5x
+    as long (on Cora's 2708 x 1433 features it was most of a GAT step)."""
+    if not training or x.requires_grad or not 0.0 < p < 1.0:
+        return F.dropout(x, p=p, training=training)
+    kept = torch.empty_like(x).uniform_().ge_(p)  # 1.0 with probability 1 - p
+    return kept.mul_(x).mul_(1.0 / (1.0 - p))
+
+
 class GAT(nn.Module):
     """Two-layer GAT: dropout, Bayesian GAT layer (heads concatenated), ELU, dropout, output layer."""
 
@@ -102,7 +112,7 @@ class GAT(nn.Module):
         self.conv2 = BayesianGATConv(hidden * heads, num_classes, out_heads, config, concat=False, dropout=dropout)
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        x = F.dropout(x, p=self.dropout, training=self.training)
+        x = input_dropout(x, self.dropout, self.training)
         x = F.elu(self.conv1(x, edge_index))
         x = F.dropout(x, p=self.dropout, training=self.training)
         return self.conv2(x, edge_index)

@@ -18,7 +18,7 @@ from bam_pyro import (
 from bam_pyro.normalize import log_normalized
 from experiments.gat import PRESETS
 from guides import AttentionGuide
-from models.gat import build_node_classifier
+from models.gat import build_node_classifier, input_dropout
 
 from .conftest import random_graph
 
@@ -150,3 +150,16 @@ def test_detach_prior_keys_stops_the_kl_gradient_at_the_keys_only(detach):
     assert (keys.grad is None) == detach
     if not detach:
         assert keys.grad.abs().sum() > 0
+
+
+def test_input_dropout_keeps_each_feature_with_probability_one_minus_p():
+    x = torch.full((400, 500), 2.0)
+    out = input_dropout(x, 0.6, training=True)
+    kept = out != 0
+    assert abs(kept.float().mean().item() - 0.4) < 0.01  # 200,000 draws: std of the mean 0.0011
+    assert torch.allclose(out[kept], torch.tensor(2.0 / 0.4))  # inverted dropout: E[out] = x
+    assert torch.equal(input_dropout(x, 0.6, training=False), x)
+    assert x.eq(2.0).all()  # the input is not written to
+    features = x.clone().requires_grad_()  # a gradient is wanted: torch's dropout
+    input_dropout(features, 0.6, training=True).sum().backward()
+    assert set(features.grad.unique().tolist()) <= {0.0, 2.5}
