@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, get_args
 
 Variant = Literal["soft", "nokl", "lf", "lc", "wf", "wc"]
 Family = Literal["weibull", "lognormal"]
 PriorKind = Literal["fixed", "contextual"]
 Reduction = Literal["mean", "sum"]
 GammaShape = Literal["psi_beta", "psi"]
+GAMMA_SHAPES: tuple[str, ...] = get_args(GammaShape)
 
 #: variant name -> (variational family, prior kind); ``None`` where the variant has none.
 VARIANTS: dict[str, tuple[Optional[Family], Optional[PriorKind]]] = {
@@ -78,8 +79,8 @@ class BamConfig:
             _require_positive(name, getattr(self, name))
         if not isinstance(self.mu_p, (int, float)) or not math.isfinite(self.mu_p):
             raise ValueError(f"mu_p must be a finite number, got {self.mu_p!r}")
-        if self.gamma_shape not in ("psi_beta", "psi"):
-            raise ValueError(f"gamma_shape must be 'psi_beta' or 'psi', got {self.gamma_shape!r}")
+        if self.gamma_shape not in GAMMA_SHAPES:
+            raise ValueError(f"gamma_shape must be one of {GAMMA_SHAPES}, got {self.gamma_shape!r}")
         if not isinstance(self.d_mid, int) or isinstance(self.d_mid, bool) or self.d_mid <= 0:
             raise ValueError(f"d_mid must be a positive integer, got {self.d_mid!r}")
         if not isinstance(self.detach_prior_keys, bool):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bam_pyro.config import VARIANTS, BamConfig
+from bam_pyro.config import GAMMA_SHAPES, VARIANTS, BamConfig
 
 #: the hyperparameters of ``BamConfig`` (all but the variant): overridable and recorded in every row
 BAM_FIELDS = tuple(f.name for f in dataclasses.fields(BamConfig) if f.name != "variant")
@@ -32,7 +32,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, default_out: str, data_he
 
 def add_gamma_shape_argument(group: argparse._ArgumentGroup) -> None:
     """--gamma-shape: the contextual Gamma prior's shape (``BamConfig.gamma_shape``)."""
-    group.add_argument("--gamma-shape", choices=["psi_beta", "psi"], default=None,
+    group.add_argument("--gamma-shape", choices=GAMMA_SHAPES, default=None,
                        help="contextual Gamma shape: Psi * beta (reference code) or Psi (paper's text)")
 
 

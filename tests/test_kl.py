@@ -192,5 +192,5 @@ def test_contextual_gamma_shape_and_its_pull_on_the_attention(gamma_shape):
 
 
 def test_gamma_shape_is_validated():
-    with pytest.raises(ValueError, match="gamma_shape must be 'psi_beta' or 'psi'"):
+    with pytest.raises(ValueError, match="gamma_shape must be one of \\('psi_beta', 'psi'\\)"):
         BamConfig("wc", gamma_shape="psi*beta")
