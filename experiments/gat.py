@@ -34,11 +34,12 @@ PAPER_ACCURACY = {
     "pubmed": {"soft": 77.26, "nokl": 78.50, "lf": 78.30, "lc": 78.76, "wf": 78.50, "wc": 78.82},
 }
 
-#: Architecture and optimizer per data set (GAT, appendix B.1.2).
+#: Architecture and optimizer per data set (GAT, appendix B.1.2). ``dropout_per_head``: each
+#: head draws its own input dropout mask and drops its messages, as the original GAT code does.
 TRAINING = {
-    "cora": dict(lr=0.005, weight_decay=5e-4, out_heads=1),
-    "citeseer": dict(lr=0.005, weight_decay=5e-4, out_heads=1),
-    "pubmed": dict(lr=0.01, weight_decay=1e-3, out_heads=8),
+    "cora": dict(lr=0.005, weight_decay=5e-4, out_heads=1, dropout_per_head=False),
+    "citeseer": dict(lr=0.005, weight_decay=5e-4, out_heads=1, dropout_per_head=False),
+    "pubmed": dict(lr=0.01, weight_decay=1e-3, out_heads=8, dropout_per_head=False),
 }
 
 #: BAM hyperparameters per data set and variant (appendix B.1.2). sigma_p / sigma_q are the
@@ -78,6 +79,7 @@ class RunSettings:
     lr: float
     weight_decay: float
     out_heads: int
+    dropout_per_head: bool
     max_epochs: int
     patience: int
 
@@ -88,7 +90,14 @@ class RunSettings:
             **{f: getattr(c, f) for f in BAM_FIELDS},
             rho=self.objective.anneal_rate, att_kl=self.objective.kl_weight,
             reduction=self.objective.reduction, lr=self.lr, weight_decay=self.weight_decay,
-            max_epochs=self.max_epochs, patience=self.patience,
+            dropout_per_head=self.dropout_per_head, max_epochs=self.max_epochs, patience=self.patience,
+        )
+
+    def build_model(self, num_features: int, num_classes: int) -> NodeClassifier:
+        """The untrained GAT these settings describe."""
+        return build_node_classifier(
+            num_features, num_classes, self.config, self.objective,
+            out_heads=self.out_heads, dropout_per_head=self.dropout_per_head,
         )
 
 
@@ -104,7 +113,7 @@ def settings_for(dataset: str, variant: str, seed: int, overrides: dict[str, Any
     )
     return RunSettings(
         dataset, variant, seed, config, objective, params["lr"], params["weight_decay"],
-        params["out_heads"], params.get("max_epochs", 1000), params.get("patience", 100),
+        params["out_heads"], params["dropout_per_head"], params.get("max_epochs", 1000), params.get("patience", 100),
     )
 
 
@@ -123,7 +132,7 @@ def train_node_classifier(
     (best epoch's parameters) and its result row."""
     validate_graph(data.x, data.edge_index)
     seed_everything(settings.seed)
-    model = build_node_classifier(num_features, num_classes, settings.config, settings.objective, out_heads=settings.out_heads)
+    model = settings.build_model(num_features, num_classes)
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     trainer = SVITrainer(model, AttentionGuide(model.model), optimizer, checkpoint=checkpoint)
     train_nodes = data.train_mask.nonzero().flatten()
@@ -159,13 +168,15 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     g.add_argument("--detach-prior-keys", action="store_const", const=True, default=None,
                    help="stop the KL's gradient at the contextual prior's input (BamConfig.detach_prior_keys)")
     add_gamma_shape_argument(g)
+    g.add_argument("--dropout-per-head", action=argparse.BooleanOptionalAction, default=None,
+                   help="an input dropout mask per head and dropout of the messages (original GAT code)")
     g.add_argument("--reduction", choices=["mean", "sum"], default=None)
     g.add_argument("--max-epochs", type=int, default=None)
     g.add_argument("--patience", type=int, default=None)
     return p.parse_args(argv)
 
 
-OVERRIDES = ("k", "sigma_q", "sigma_p", "beta", "alpha", "gamma_shape", "rho", "att_kl", "lr", "weight_decay", "d_mid", "detach_prior_keys", "reduction", "max_epochs", "patience")
+OVERRIDES = ("k", "sigma_q", "sigma_p", "beta", "alpha", "gamma_shape", "rho", "att_kl", "lr", "weight_decay", "d_mid", "detach_prior_keys", "dropout_per_head", "reduction", "max_epochs", "patience")
 
 
 def main(argv: Optional[list[str]] = None) -> pd.DataFrame:

@@ -27,7 +27,9 @@ class BayesianGATConv(MessagePassing):
     """One graph attention layer with Bayesian attention weights.
 
     ``x``: ``[..., num_nodes, in_channels]`` -> ``[..., num_nodes, heads * out_channels]``
-    (``concat``) or ``[..., num_nodes, out_channels]`` (heads averaged).
+    (``concat``) or ``[..., num_nodes, out_channels]`` (heads averaged). ``dropout`` is the rate on
+    the layer's input and on its attention weights; with ``dropout_per_head`` every head draws its
+    own input mask and the projected features (the messages) are dropped too.
     """
 
     def __init__(
@@ -39,10 +41,11 @@ class BayesianGATConv(MessagePassing):
         concat: bool = True,
         negative_slope: float = 0.2,
         dropout: float = 0.0,
+        dropout_per_head: bool = False,
     ) -> None:
         super().__init__(aggr="add", node_dim=-3)
         self.heads, self.out_channels, self.concat = heads, out_channels, concat
-        self.negative_slope, self.dropout = negative_slope, dropout
+        self.negative_slope, self.dropout, self.dropout_per_head = negative_slope, dropout, dropout_per_head
         self.lin = Linear(in_channels, heads * out_channels, bias=False, weight_initializer="glorot")
         self.att_src = nn.Parameter(torch.empty(1, heads, out_channels))
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
@@ -61,7 +64,7 @@ class BayesianGATConv(MessagePassing):
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
         num_nodes = x.size(-2)
-        h = self.lin(x).unflatten(-1, (self.heads, self.out_channels))  # [..., N, H, C]
+        h = self.project(x)  # [..., N, H, C]
         score_src = (h * self.att_src).sum(-1)  # [..., N, H]
         score_dst = (h * self.att_dst).sum(-1)
         edge_index, _ = remove_self_loops(edge_index)
@@ -72,9 +75,18 @@ class BayesianGATConv(MessagePassing):
         )  # [..., E, H]
         weights = self.attention(scores, h, EdgeKeys(edge_index, num_nodes))
         weights = F.dropout(weights, p=self.dropout, training=self.training)
+        if self.dropout_per_head:
+            h = F.dropout(h, p=self.dropout, training=self.training)
         out = self.propagate(edge_index, x=h, weights=weights, size=(num_nodes, num_nodes))
         out = out.flatten(-2) if self.concat else out.mean(-2)
         return out + self.bias
+
+    def project(self, x: Tensor) -> Tensor:
+        """The heads' features ``W_h dropout(x)``, one shared input mask or one per head."""
+        if self.dropout_per_head and self.training and self.dropout > 0:
+            return per_head_dropout_projection(x, self.lin.weight, self.heads, self.dropout)
+        x = input_dropout(x, self.dropout, self.training)
+        return self.lin(x).unflatten(-1, (self.heads, self.out_channels))
 
     def message(self, x_j: Tensor, weights: Tensor) -> Tensor:
         return x_j * weights.unsqueeze(-1)
@@ -93,8 +105,35 @@ def input_dropout(x: Tensor, p: float, training: bool) -> Tensor:
     return kept.mul_(x).mul_(1.0 / (1.0 - p))
 
 
+def per_head_dropout_projection(x: Tensor, weight: Tensor, heads: int, p: float) -> Tensor:
+    """``W_h (m_h * x) / (1 - p)`` for every head h with its own Bernoulli(1 - p) mask ``m_h``: the
+    original GAT, where each head drops its own copy of the layer's input.
+
+    ``x``: ``[..., N, F]``; ``weight``: ``[heads * C, F]`` -> ``[..., N, heads, C]``. Data that is
+    mostly zero (bag-of-words features) takes a gather over its nonzeros, so eight masks cost less
+    than one dense mask; other inputs are copied per head.
+    """
+    out_channels = weight.size(0) // heads
+    w = weight.view(heads, out_channels, -1)  # [H, C, F]
+    if not x.requires_grad and torch.count_nonzero(x) * out_channels < x.numel():
+        flat = x.reshape(-1, x.size(-1))
+        rows, cols = flat.nonzero(as_tuple=True)
+        kept = torch.empty(rows.numel(), heads, 1, dtype=x.dtype).uniform_().ge_(p)
+        kept.mul_(flat[rows, cols].mul(1.0 / (1.0 - p)).view(-1, 1, 1))
+        contributions = w.permute(2, 0, 1).index_select(0, cols) * kept  # [nnz, H, C]
+        out = flat.new_zeros(flat.size(0), heads, out_channels).index_add(0, rows, contributions)
+        return out.view(*x.shape[:-1], heads, out_channels)
+    copies = x.unsqueeze(-3).expand(*x.shape[:-2], heads, *x.shape[-2:])
+    return torch.einsum("...hnf,hcf->...nhc", F.dropout(copies, p, training=True), w)
+
+
 class GAT(nn.Module):
-    """Two-layer GAT: dropout, Bayesian GAT layer (heads concatenated), ELU, dropout, output layer."""
+    """Two-layer GAT: Bayesian GAT layer (heads concatenated), ELU, output layer; each layer drops
+    its input and its attention weights.
+
+    ``dropout_per_head``: as in the original GAT code, each head draws its own input mask and also
+    drops its projected features; otherwise one input mask serves all heads (PyG's GAT example).
+    """
 
     def __init__(
         self,
@@ -105,17 +144,15 @@ class GAT(nn.Module):
         heads: int = 8,
         out_heads: int = 1,
         dropout: float = 0.6,
+        dropout_per_head: bool = False,
     ) -> None:
         super().__init__()
-        self.dropout = dropout
-        self.conv1 = BayesianGATConv(in_channels, hidden, heads, config, concat=True, dropout=dropout)
-        self.conv2 = BayesianGATConv(hidden * heads, num_classes, out_heads, config, concat=False, dropout=dropout)
+        drop = dict(dropout=dropout, dropout_per_head=dropout_per_head)
+        self.conv1 = BayesianGATConv(in_channels, hidden, heads, config, concat=True, **drop)
+        self.conv2 = BayesianGATConv(hidden * heads, num_classes, out_heads, config, concat=False, **drop)
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        x = input_dropout(x, self.dropout, self.training)
-        x = F.elu(self.conv1(x, edge_index))
-        x = F.dropout(x, p=self.dropout, training=self.training)
-        return self.conv2(x, edge_index)
+        return self.conv2(F.elu(self.conv1(x, edge_index)), edge_index)
 
 
 class NodeClassifier(BamModel):
@@ -154,6 +191,10 @@ def build_node_classifier(
     hidden: int = 8,
     out_heads: int = 1,
     dropout: float = 0.6,
+    dropout_per_head: bool = False,
 ) -> NodeClassifier:
-    network = GAT(in_channels, num_classes, config, hidden=hidden, heads=heads, out_heads=out_heads, dropout=dropout)
+    network = GAT(
+        in_channels, num_classes, config, hidden=hidden, heads=heads, out_heads=out_heads,
+        dropout=dropout, dropout_per_head=dropout_per_head,
+    )
     return NodeClassifier(network, objective)

@@ -18,7 +18,7 @@ from bam_pyro import (
 from bam_pyro.normalize import log_normalized
 from experiments.gat import PRESETS
 from guides import AttentionGuide
-from models.gat import build_node_classifier, input_dropout
+from models.gat import BayesianGATConv, build_node_classifier, input_dropout, per_head_dropout_projection
 
 from .conftest import random_graph
 
@@ -163,3 +163,46 @@ def test_input_dropout_keeps_each_feature_with_probability_one_minus_p():
     features = x.clone().requires_grad_()  # a gradient is wanted: torch's dropout
     input_dropout(features, 0.6, training=True).sum().backward()
     assert set(features.grad.unique().tolist()) <= {0.0, 2.5}
+
+
+@pytest.mark.parametrize("path", ["sparse data", "dense with gradient"])
+def test_per_head_dropout_projection_draws_an_independent_mask_per_head(path):
+    """Rows with one nonzero feature: each head's output is either 0 or that feature's column of
+    W_h scaled by 1 / (1 - p), kept with probability 1 - p, independently across heads."""
+    nodes, features, heads, channels, p = 3000, 40, 4, 3, 0.6
+    cols = torch.randint(features, (nodes,))
+    x = torch.zeros(nodes, features)
+    x[torch.arange(nodes), cols] = 2.0
+    if path == "dense with gradient":
+        x.requires_grad_()
+    weight = torch.randn(heads * channels, features, requires_grad=True)
+    out = per_head_dropout_projection(x, weight, heads, p)  # [N, H, C]
+    assert out.shape == (nodes, heads, channels)
+    full = (2.0 / (1 - p)) * weight.detach().view(heads, channels, features)[:, :, cols].permute(2, 0, 1)
+    kept = out.detach().ne(0).all(-1)  # [N, H]
+    assert torch.allclose(out.detach()[kept], full[kept])
+    assert (out.detach()[~kept] == 0).all()
+    assert abs(kept.float().mean().item() - (1 - p)) < 0.02  # 12,000 draws: std 0.0045
+    both = (kept[:, 0] & kept[:, 1]).float().mean().item()
+    assert abs(both - (1 - p) ** 2) < 0.02  # independent heads: 0.16, a shared mask would give 0.4
+    out.sum().backward()
+    assert weight.grad.abs().sum() > 0
+    draws = per_head_dropout_projection(x.expand(2, nodes, features), weight, heads, p)  # MC dropout
+    assert draws.shape == (2, nodes, heads, channels) and not torch.equal(draws[0], draws[1])
+
+
+def test_per_head_dropout_drops_messages_channel_by_channel_and_only_in_training():
+    """Nodes with only their self-loop and one constant feature: with one mask per head the row
+    of a head's output is all zero or all kept; dropping the messages too breaks rows up."""
+    x, edge_index = torch.ones(500, 1), torch.empty(2, 0, dtype=torch.long)
+    outputs = {}
+    for per_head in (False, True):
+        torch.manual_seed(0)
+        layer = BayesianGATConv(1, 16, 1, BamConfig("soft"), dropout=0.5, dropout_per_head=per_head)
+        nonzero = layer(x, edge_index).ne(0)  # the bias is zero at initialization
+        outputs[per_head] = (nonzero.any(-1) & ~nonzero.all(-1)).float().mean().item()
+        layer.eval()
+        assert torch.equal(layer(x, edge_index), layer.lin(x))  # no dropout at evaluation
+    assert outputs[False] == 0.0
+    # mixed rows: input and attention weight kept (1/4), then some but not all 16 channels kept
+    assert abs(outputs[True] - 0.25) < 0.06  # 500 rows: std 0.019

@@ -31,6 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric.nn import GATConv
 
+from experiments.gat import TRAINING
+
 MODELS = ("gatconv", "soft", "wc")
 
 
@@ -67,7 +69,7 @@ def graph(nodes: Optional[int], edges: Optional[int], features: int, data_root: 
     return x, edge_index, y, torch.arange(0, nodes, 10), 7, f"random({nodes} nodes, {edges} edges, {features} features)"
 
 
-def step_function(name: str, x, edge_index, y, train, num_classes) -> Callable[[], None]:
+def step_function(name: str, x, edge_index, y, train, num_classes, dropout_per_head: bool) -> Callable[[], None]:
     torch.manual_seed(0)
     if name == "gatconv":
         model = PygGAT(x.size(1), num_classes)
@@ -86,7 +88,9 @@ def step_function(name: str, x, edge_index, y, train, num_classes) -> Callable[[
     from models.gat import build_node_classifier
 
     config = BamConfig(name, k=1.0, beta=1e-10, d_mid=1)
-    model = build_node_classifier(x.size(1), num_classes, config, ObjectiveConfig(anneal_rate=0.1))
+    model = build_node_classifier(
+        x.size(1), num_classes, config, ObjectiveConfig(anneal_rate=0.1), dropout_per_head=dropout_per_head
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=0.005, weight_decay=5e-4)
     trainer = SVITrainer(model, AttentionGuide(model.model), optimizer)
     return lambda: trainer.step(x, edge_index, y=y, nodes=train)
@@ -105,7 +109,7 @@ def worker(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     x, edge_index, y, train, num_classes, description = graph(args.nodes, args.edges, args.features, args.data_root)
     names = [args.worker] if args.measure == "memory" else args.models
-    steps = {name: step_function(name, x, edge_index, y, train, num_classes) for name in names}
+    steps = {name: step_function(name, x, edge_index, y, train, num_classes, args.dropout_per_head) for name in names}
     for step in steps.values():
         step()  # first step: lazy initialization
     gc.collect()
@@ -131,6 +135,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 100 on Cora, 5 on a given size)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--data-root", default=None)
+    p.add_argument("--dropout-per-head", action=argparse.BooleanOptionalAction, default=TRAINING["cora"]["dropout_per_head"],
+                   help="this project's GATs drop inputs with a mask per head (the Cora preset's setting)")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     p.add_argument("--worker", choices=(*MODELS, "all"), help=argparse.SUPPRESS)
     p.add_argument("--measure", choices=("time", "memory"), default="time", help=argparse.SUPPRESS)
@@ -154,7 +160,8 @@ def main(argv: Optional[list[str]] = None) -> None:
 
     timed = run_worker("all", "time")
     figures = {name: {"ms": timed["ms"][name], "graph": timed["graph"], **run_worker(name, "memory")} for name in args.models}
-    result = {"graph": next(iter(figures.values()))["graph"], "threads": args.threads, "steps": args.steps}
+    result = {"graph": next(iter(figures.values()))["graph"], "threads": args.threads, "steps": args.steps,
+              "dropout_per_head": args.dropout_per_head}
     key = {"gatconv": "gatconv", "soft": "soft", "wc": "bam"}
     for name, fig in figures.items():
         result[f"{key[name]}_ms"] = round(fig["ms"], 2)

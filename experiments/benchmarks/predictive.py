@@ -22,7 +22,6 @@ import torch
 from bam_pyro.predictive import attention_site_names, predictive_draws
 from experiments.gat import settings_for, train_node_classifier
 from experiments.planetoid import load_planetoid
-from models.gat import build_node_classifier
 
 
 def _rss_mb(field: str) -> float:
@@ -46,7 +45,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     data, num_features, num_classes = load_planetoid("cora", args.data_root)
     settings = settings_for("cora", "wc", 0, {})
     if args.checkpoint.exists():
-        model = build_node_classifier(num_features, num_classes, settings.config, settings.objective, out_heads=settings.out_heads)
+        model = settings.build_model(num_features, num_classes)
         model.load_state_dict(torch.load(args.checkpoint))
     else:
         model, _ = train_node_classifier(settings, data, num_features, num_classes, progress=False)
