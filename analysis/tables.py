@@ -5,14 +5,24 @@ from __future__ import annotations
 import pandas as pd
 
 
+def format_mean_std(mean: float, std: float, digits: int = 2, sign: str = "") -> str:
+    """"mean ± std"; a NaN std (a single run has no spread to show) gives the mean alone."""
+    text = f"{mean:{sign}.{digits}f}"
+    return text if pd.isna(std) else f"{text} ± {std:.{digits}f}"
+
+
+def mean_std(values: pd.Series, sign: str = "") -> str:
+    """"mean ± std" of a group's runs (see :func:`format_mean_std`)."""
+    return format_mean_std(values.mean(), values.std(ddof=1), sign=sign)
+
+
 def summarize(results: pd.DataFrame, by: list[str], metrics: list[str]) -> pd.DataFrame:
     """One row per group: ``metric`` as "mean ± std" text, plus the number of runs ``n``."""
     grouped = results.groupby(by, sort=False)
     table = pd.DataFrame(index=grouped.size().index)
     table["n"] = grouped.size()
     for metric in metrics:
-        mean, std = grouped[metric].mean(), grouped[metric].std(ddof=1).fillna(0.0)
-        table[metric] = [f"{m:.2f} ± {s:.2f}" for m, s in zip(mean, std)]
+        table[metric] = grouped[metric].agg(mean_std)
     return table
 
 
@@ -31,8 +41,7 @@ def paired_difference(
         for variant in (v for v in wide.columns if v != baseline):
             diff = (wide[variant] - wide[baseline]).dropna()
             for group, values in diff.groupby(level=by, sort=False):
-                std = values.std(ddof=1) if len(values) > 1 else 0.0
                 rows[(*(group if isinstance(group, tuple) else (group,)), variant)] = {
-                    "n": len(values), metric: f"{values.mean():+.2f} ± {std:.2f}"}
+                    "n": len(values), metric: mean_std(values, sign="+")}
     index = pd.MultiIndex.from_tuples(list(rows), names=[*by, "variant"]) if rows else None
     return pd.DataFrame(list(rows.values()), index=index, columns=["n", metric])

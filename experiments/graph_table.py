@@ -34,6 +34,7 @@ from torch_geometric.utils import add_self_loops, degree, remove_self_loops
 from analysis.diagnostics import attention_inference_data, attention_summary, gather, neighbourhoods
 from analysis.metrics import PAVPU_THRESHOLDS, reliability, sample_metrics
 from analysis.plots import neighbourhood_forest, prior_posterior, reliability_diagram, variant_comparison
+from analysis.tables import format_mean_std
 from bam_pyro.predictive import attention_site_names, predictive_draws
 from bam_pyro.training import seed_everything
 from experiments.gat import PAPER_ACCURACY, settings_for, train_node_classifier
@@ -168,7 +169,7 @@ def results_table(results: pd.DataFrame) -> pd.DataFrame:
     table["paper_acc"] = [PAPER_ACCURACY[d][v] for d, v in zip(table.dataset, table.variant)]
     for metric in METRICS:
         table[f"{metric}_mean"] = grouped[metric].mean().values
-        table[f"{metric}_std"] = grouped[metric].std(ddof=1).fillna(0.0).values
+        table[f"{metric}_std"] = grouped[metric].std(ddof=1).values  # NaN for a single seed
     table["samples"] = grouped["samples"].first().values
     table["uncertainty_from"] = table["mode"].map(MODE_NOTE)
     return table
@@ -179,7 +180,7 @@ def markdown(table: pd.DataFrame) -> str:
     digits = {"nll": 3, "brier": 3, "entropy": 3, "mutual_info": 4}
     for metric in METRICS:
         d = digits.get(metric, 2)
-        shown[metric] = [f"{m:.{d}f} ± {s:.{d}f}" for m, s in zip(table[f"{metric}_mean"], table[f"{metric}_std"])]
+        shown[metric] = [format_mean_std(m, s, d) for m, s in zip(table[f"{metric}_mean"], table[f"{metric}_std"])]
     notes = "\n".join(f"- mode `{m}`: uncertainty from {n}" for m, n in MODE_NOTE.items())
     return (
         shown.to_markdown(index=False)
