@@ -131,8 +131,9 @@ class GAT(nn.Module):
     """Two-layer GAT: Bayesian GAT layer (heads concatenated), ELU, output layer; each layer drops
     its input and its attention weights.
 
-    ``dropout_per_head``: as in the original GAT code, each head draws its own input mask and also
-    drops its projected features; otherwise one input mask serves all heads (PyG's GAT example).
+    ``dropout_per_head`` (the default, as in the original GAT code): each head draws its own input
+    mask and also drops its projected features. ``False``: one input mask serves all heads, as in
+    PyG's GAT example.
     """
 
     def __init__(
@@ -144,7 +145,7 @@ class GAT(nn.Module):
         heads: int = 8,
         out_heads: int = 1,
         dropout: float = 0.6,
-        dropout_per_head: bool = False,
+        dropout_per_head: bool = True,
     ) -> None:
         super().__init__()
         drop = dict(dropout=dropout, dropout_per_head=dropout_per_head)
@@ -191,7 +192,7 @@ def build_node_classifier(
     hidden: int = 8,
     out_heads: int = 1,
     dropout: float = 0.6,
-    dropout_per_head: bool = False,
+    dropout_per_head: bool = True,
 ) -> NodeClassifier:
     network = GAT(
         in_channels, num_classes, config, hidden=hidden, heads=heads, out_heads=out_heads,
