@@ -115,10 +115,11 @@ def per_head_dropout_projection(x: Tensor, weight: Tensor, heads: int, p: float)
     """
     out_channels = weight.size(0) // heads
     w = weight.view(heads, out_channels, -1)  # [H, C, F]
+    # the gather does nnz * H * C work, the copies H * N * F: gather when nnz * C < N * F
     if not x.requires_grad and torch.count_nonzero(x) * out_channels < x.numel():
         flat = x.reshape(-1, x.size(-1))
         rows, cols = flat.nonzero(as_tuple=True)
-        kept = torch.empty(rows.numel(), heads, 1, dtype=x.dtype).uniform_().ge_(p)
+        kept = torch.empty(rows.numel(), heads, 1, dtype=x.dtype, device=x.device).uniform_().ge_(p)
         kept.mul_(flat[rows, cols].mul(1.0 / (1.0 - p)).view(-1, 1, 1))
         contributions = w.permute(2, 0, 1).index_select(0, cols) * kept  # [nnz, H, C]
         out = flat.new_zeros(flat.size(0), heads, out_channels).index_add(0, rows, contributions)
