@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fcntl
 import hashlib
 import json
 import math
@@ -92,7 +93,11 @@ class ResultsFile:
         return self.path.parent / "checkpoints" / f"{stem}-{digest}.pt"
 
     def add(self, row: dict) -> None:
-        self.frame = pd.concat([self._read(), pd.DataFrame([row])], ignore_index=True)
-        partial = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-        self.frame.to_csv(partial, index=False)
-        os.replace(partial, self.path)  # atomic: a reader never sees half a file
+        # the lock makes read-append-replace one step, so two writers cannot both append to the
+        # same old file and drop one row; the replace is atomic, so a reader never sees half a file
+        with open(self.path.with_name(f".{self.path.name}.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.frame = pd.concat([self._read(), pd.DataFrame([row])], ignore_index=True)
+            partial = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+            self.frame.to_csv(partial, index=False)
+            os.replace(partial, self.path)

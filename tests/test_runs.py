@@ -1,6 +1,9 @@
 """Run folders: a sweep resumes and never passes one setting's result off as another's; shards
 merge into one table with paired differences."""
 
+import multiprocessing
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -26,7 +29,25 @@ def test_two_writers_of_one_folder_keep_each_others_rows(tmp_path):
     assert second.has(settings_for("cora", "wc", 0, {}).row())  # sees the other process's run
     second.add({**settings_for("cora", "wc", 1, {}).row(), "test_acc": 81.0})
     assert sorted(pd.read_csv(tmp_path / "results.csv").seed) == [0, 1]
-    assert [p.name for p in tmp_path.iterdir()] == ["results.csv"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".results.csv.lock", "results.csv"]  # no partial file
+
+
+def _add_rows(out: Path, seeds: range) -> None:
+    results = ResultsFile(out, ("dataset", "variant", "seed"))
+    for seed in seeds:
+        results.add({**settings_for("cora", "wc", seed, {}).row(), "test_acc": 80.0})
+
+
+def test_writers_adding_at_the_same_time_lose_no_row(tmp_path):
+    """Without the lock, two processes that read the same old file each write it back with only
+    their own new row, and one row is lost."""
+    context = multiprocessing.get_context("fork")
+    writers = [context.Process(target=_add_rows, args=(tmp_path, range(start, start + 30))) for start in (0, 100)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    assert len(pd.read_csv(tmp_path / "results.csv")) == 60
 
 
 def test_same_run_with_other_settings_is_refused_by_name(tmp_path):
