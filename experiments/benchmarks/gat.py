@@ -31,7 +31,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric.nn import GATConv
 
+from bam_pyro import BamConfig, ObjectiveConfig
+from bam_pyro.training import SVITrainer
 from experiments.gat import TRAINING
+from guides import AttentionGuide
+from models.gat import build_node_classifier
 
 MODELS = ("gatconv", "soft", "wc")
 
@@ -82,11 +86,6 @@ def step_function(name: str, x, edge_index, y, train, num_classes, dropout_per_h
             optimizer.step()
 
         return step
-    from bam_pyro import BamConfig, ObjectiveConfig
-    from bam_pyro.training import SVITrainer
-    from guides import AttentionGuide
-    from models.gat import build_node_classifier
-
     config = BamConfig(name, k=1.0, beta=1e-10, d_mid=1)
     model = build_node_classifier(
         x.size(1), num_classes, config, ObjectiveConfig(anneal_rate=0.1), dropout_per_head=dropout_per_head
