@@ -1,6 +1,8 @@
 """Bayesian attention: simplex rows, masks, the posterior-mean rule, the k -> inf limit, and
 finite gradients of the whole SVI loss at the paper's extreme hyperparameters."""
 
+import pickle
+
 import pytest
 import torch
 from pyro.infer import TraceMeanField_ELBO
@@ -18,7 +20,14 @@ from bam_pyro import (
 from bam_pyro.normalize import log_normalized
 from experiments.gat import PRESETS
 from guides import AttentionGuide
-from models.gat import BayesianGATConv, build_node_classifier, input_dropout, per_head_dropout_projection
+from models.gat import (
+    BayesianGATConv,
+    SparseEntriesCache,
+    build_node_classifier,
+    input_dropout,
+    per_head_dropout_projection,
+    sparse_entries,
+)
 
 from .conftest import random_graph
 
@@ -176,7 +185,9 @@ def test_per_head_dropout_projection_draws_an_independent_mask_per_head(path):
     if path == "dense with gradient":
         x.requires_grad_()
     weight = torch.randn(heads * channels, features, requires_grad=True)
-    out = per_head_dropout_projection(x, weight, heads, p)  # [N, H, C]
+    entries = sparse_entries(x, channels)
+    assert (entries is None) == (path == "dense with gradient")
+    out = per_head_dropout_projection(x, weight, heads, p, entries)  # [N, H, C]
     assert out.shape == (nodes, heads, channels)
     full = (2.0 / (1 - p)) * weight.detach().view(heads, channels, features)[:, :, cols].permute(2, 0, 1)
     kept = out.detach().ne(0).all(-1)  # [N, H]
@@ -187,8 +198,30 @@ def test_per_head_dropout_projection_draws_an_independent_mask_per_head(path):
     assert abs(both - (1 - p) ** 2) < 0.02  # independent heads: 0.16, a shared mask would give 0.4
     out.sum().backward()
     assert weight.grad.abs().sum() > 0
-    draws = per_head_dropout_projection(x.expand(2, nodes, features), weight, heads, p)  # MC dropout
+    x = x.expand(2, nodes, features)  # MC dropout: leading sample dimensions
+    draws = per_head_dropout_projection(x, weight, heads, p, sparse_entries(x, channels))
     assert draws.shape == (2, nodes, heads, channels) and not torch.equal(draws[0], draws[1])
+
+
+def test_sparse_entries_gather_only_mostly_zero_data_and_are_cached_per_tensor_and_version():
+    x = torch.zeros(50, 40)
+    x[3, 7], x[20, 1] = 2.0, -1.0
+    rows, cols, values = sparse_entries(x, out_channels=8)
+    assert rows.tolist() == [3, 20] and cols.tolist() == [7, 1] and values.tolist() == [2.0, -1.0]
+    assert sparse_entries(torch.ones(50, 40), out_channels=8) is None  # dense: per-head copies
+    assert sparse_entries(x.clone().requires_grad_(), out_channels=8) is None
+
+    cache = SparseEntriesCache()
+    first = cache(x, 8)
+    assert cache(x, 8) is first  # the same, unchanged tensor: not recomputed
+    x[0, 0] = 5.0  # an in-place write bumps the version
+    changed = cache(x, 8)
+    assert changed.rows.tolist() == [0, 3, 20]
+    other = x.clone()
+    assert cache(other, 8) is not changed  # another tensor, even with equal values
+    x.requires_grad_()
+    assert cache(x, 8) is None
+    assert pickle.loads(pickle.dumps(cache))(other, 8).rows.tolist() == [0, 3, 20]
 
 
 def test_per_head_dropout_drops_messages_channel_by_channel_and_only_in_training():
