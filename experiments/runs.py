@@ -77,11 +77,13 @@ class ResultsFile:
         if not match.any():
             return False
         recorded = self.frame[match].iloc[-1]
-        differing = [f"{name}={recorded[name]} (asked for {value})" for name, value in settings.items()
+        # a blank (a row written before the setting was recorded) may hide another setting: refused
+        differing = [f"{name}={'not recorded' if pd.isna(recorded[name]) else recorded[name]} (asked for {value})"
+                     for name, value in settings.items()
                      if name in recorded.index and not _same_setting(recorded[name], value)]
         if differing:
             run = ", ".join(f"{name}={settings[name]}" for name in self.keys)
-            raise ValueError(f"{self.path} already holds the run {run} with other settings: "
+            raise ValueError(f"{self.path} already holds the run {run} with other or unrecorded settings: "
                              f"{'; '.join(differing)}. Choose another --out for the new settings.")
         return True
 

@@ -58,6 +58,18 @@ def test_same_run_with_other_settings_is_refused_by_name(tmp_path):
             reopened.has(settings_for("cora", "wc", 0, override).row())
 
 
+def test_a_setting_the_folder_never_recorded_is_refused_as_unrecorded(tmp_path):
+    """Rows written before a setting existed read back blank in its column; such a run may have
+    used another value, so it is not taken as finished."""
+    old_row = {k: v for k, v in settings_for("cora", "wc", 0, {}).row().items() if k != "dropout_per_head"}
+    results = ResultsFile(tmp_path, ("dataset", "variant", "seed"))
+    results.add({**old_row, "test_acc": 80.0})
+    results.add({**settings_for("cora", "wc", 1, {}).row(), "test_acc": 81.0})  # adds the column
+    assert results.has(settings_for("cora", "wc", 1, {}).row())
+    with pytest.raises(ValueError, match="dropout_per_head=not recorded"):
+        results.has(settings_for("cora", "wc", 0, {}).row())
+
+
 def test_checkpoint_name_changes_with_any_setting(tmp_path):
     results = ResultsFile(tmp_path, ("dataset", "variant", "seed"))
     preset = results.checkpoint(settings_for("cora", "wc", 0, {}).row())
