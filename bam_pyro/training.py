@@ -97,11 +97,15 @@ class EarlyStopping:
         return self.waited >= self.patience
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("best", "best_epoch", "best_state", "waited")}
+        """The running record, and the monitors so a checkpoint says which way each metric improves."""
+        return {k: getattr(self, k) for k in ("monitors", "best", "best_epoch", "best_state", "waited")}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key, value in state.items():
-            setattr(self, key, value)
+        saved = state.get("monitors", self.monitors)
+        if saved != self.monitors:
+            raise ValueError(f"the checkpoint's run monitored {saved}, this one monitors {self.monitors}")
+        for key in ("best", "best_epoch", "best_state", "waited"):
+            setattr(self, key, state[key])
 
 
 @dataclass

@@ -1,0 +1,136 @@
+"""Training curves from run checkpoints: which epoch early stopping kept, and what the run reached.
+
+``python -m analysis.curves FOLDER... --out DIR`` reads every ``checkpoints/*.pt`` in the
+folders (the trainer's full state: the per-epoch history and the early-stopping record) and
+writes ``curves.csv``, one row per run with the kept epoch's validation metrics next to the best
+each metric reached in the run, ``summary.md`` with their medians per run group, and
+``curves.png``, the validation curves with the kept epochs marked.
+
+GAT's rule keeps the last epoch that improves validation loss and accuracy together; an accuracy
+peak early in training, while the loss is still falling, can be that epoch. This shows how far
+the kept model's loss (its confidence) is from the run's best.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Optional, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+
+from .plots import _save  # noqa: E402
+
+_DIGEST = re.compile(r"-[0-9a-f]{10}$")  # the settings digest of ResultsFile.checkpoint
+
+
+def _direction(metric: str, monitors: Optional[dict[str, str]]) -> str:
+    """'min' or 'max'. Checkpoints written before the monitors were saved: losses fall, the rest rise."""
+    if monitors and metric in monitors:
+        return monitors[metric]
+    return "min" if metric.endswith("loss") else "max"
+
+
+def read_run(path: Path) -> tuple[pd.DataFrame, dict]:
+    """A checkpoint's history (one row per epoch) and its run record: ``run`` (the file name
+    without the settings digest), ``group`` (``run`` without its last part, the seed), ``epochs``
+    and ``kept_epoch`` (the early-stopping best, else the last epoch)."""
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if "history" not in state:
+        raise ValueError(f"{path} is not a training checkpoint (no per-epoch history)")
+    history = pd.DataFrame(state["history"])
+    stopping = state.get("early_stopping") or {}
+    kept = stopping.get("best_epoch", -1)
+    run = _DIGEST.sub("", path.stem)
+    record = {
+        "run": run,
+        "group": run.rsplit("-", 1)[0],
+        "epochs": int(state["epoch"]),
+        "kept_epoch": int(kept) if kept >= 0 else int(history["epoch"].iloc[-1]),
+        "monitors": stopping.get("monitors"),
+    }
+    return history, record
+
+
+def kept_versus_best(history: pd.DataFrame, record: dict) -> dict:
+    """For every validation metric: its value at the kept epoch and the best the run reached."""
+    row = {k: record[k] for k in ("run", "group", "epochs", "kept_epoch")}
+    at_kept = history.set_index("epoch").loc[record["kept_epoch"]]
+    for metric in (c for c in history.columns if c not in ("epoch", "loss")):
+        best = history[metric].min() if _direction(metric, record["monitors"]) == "min" else history[metric].max()
+        row[f"kept_{metric}"] = at_kept[metric]
+        row[f"best_{metric}"] = best
+        row[f"best_{metric}_epoch"] = int(history.loc[history[metric] == best, "epoch"].iloc[0])
+    return row
+
+
+def training_curves(histories: dict[str, pd.DataFrame], records: Sequence[dict], path: Path) -> Path:
+    """One column per run group, one row per validation metric: a line per run, a dot at the
+    kept epoch. The axis leaves out the worst 5% of values (the first epochs), where they would
+    squeeze the rest into a band."""
+    groups = list(dict.fromkeys(r["group"] for r in records))
+    metrics = [c for c in next(iter(histories.values())).columns if c not in ("epoch", "loss")]
+    fig, axes = plt.subplots(
+        len(metrics), len(groups), figsize=(3.2 * len(groups), 2.6 * len(metrics)), squeeze=False, sharex="col"
+    )
+    for column, group in enumerate(groups):
+        runs = [r for r in records if r["group"] == group]
+        for row, metric in enumerate(metrics):
+            ax = axes[row][column]
+            for record in runs:
+                history = histories[record["run"]].set_index("epoch")[metric]
+                line, = ax.plot(history.index, history, lw=0.8, alpha=0.7)
+                ax.plot(record["kept_epoch"], history.loc[record["kept_epoch"]], "o", ms=4, color=line.get_color())
+            values = pd.concat([histories[r["run"]][metric] for r in runs])
+            low, high = values.min(), values.max()
+            if _direction(metric, runs[0]["monitors"]) == "min":
+                high = values.quantile(0.95)
+            else:
+                low = values.quantile(0.05)
+            margin = 0.05 * (high - low) or 0.01
+            ax.set_ylim(low - margin, high + margin)
+        axes[0][column].set_title(group, fontsize=10)
+        axes[-1][column].set_xlabel("epoch")
+    for row, metric in enumerate(metrics):
+        axes[row][0].set_ylabel(metric)
+    fig.suptitle("validation curves, one line per run; dots: the epochs early stopping kept", fontsize=10)
+    return _save(fig, path)
+
+
+def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
+    parser = argparse.ArgumentParser(prog="python -m analysis.curves", description=__doc__.split("\n\n")[0])
+    parser.add_argument("folders", nargs="+", type=Path, help="run folders (each with checkpoints/)")
+    parser.add_argument("--out", type=Path, required=True, help="folder for curves.csv, summary.md, curves.png")
+    args = parser.parse_args(argv)
+    paths = []
+    for folder in args.folders:
+        found = sorted((folder / "checkpoints").glob("*.pt"))
+        if not found:
+            parser.error(f"no checkpoints in {folder / 'checkpoints'}")
+        paths += found
+    histories, records = {}, []
+    for path in paths:
+        history, record = read_run(path)
+        if record["run"] in histories:
+            parser.error(f"two checkpoints of the run {record['run']}: give folders of one setting each")
+        histories[record["run"]] = history
+        records.append(record)
+    table = pd.DataFrame([kept_versus_best(histories[r["run"]], r) for r in records])
+    args.out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.out / "curves.csv", index=False)
+    summary = table.drop(columns="run").groupby("group", sort=False).median().round(3).add_prefix("median ")
+    summary.insert(0, "runs", table.groupby("group", sort=False).size())
+    (args.out / "summary.md").write_text(summary.to_markdown() + "\n")
+    training_curves(histories, records, args.out / "curves.png")
+    print(summary.to_markdown())
+    return table
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""analysis.curves: the kept epoch and the run's best read back from real training checkpoints."""
+
+import pandas as pd
+import pytest
+import torch
+
+from analysis.curves import main as curves_main
+from bam_pyro import BamConfig, ObjectiveConfig
+from bam_pyro.training import EarlyStopping, SVITrainer, seed_everything
+from guides import AttentionGuide
+from models.gat import build_node_classifier
+
+from .conftest import random_graph
+
+
+def train_run(checkpoint, seed: int) -> tuple[list[dict], int]:
+    """A tiny GAT trained for 25 epochs with GAT's early-stopping rule; (history, kept epoch)."""
+    seed_everything(seed)
+    x, edge_index, y = random_graph(num_nodes=40, num_edges=160, seed=seed)
+    model = build_node_classifier(x.size(1), 3, BamConfig("wc", k=2.0), ObjectiveConfig(anneal_rate=0.3), dropout=0.5)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
+    trainer = SVITrainer(model, AttentionGuide(model.model), optimizer, checkpoint=checkpoint)
+    batch = ((x, edge_index), dict(y=y, nodes=torch.arange(20)))
+
+    def evaluate():
+        logits = model.network(x, edge_index)[20:]
+        loss = torch.nn.functional.cross_entropy(logits, y[20:]).item()
+        return {"val_loss": loss, "val_acc": (logits.argmax(-1) == y[20:]).float().mean().item()}
+
+    stopping = EarlyStopping({"val_loss": "min", "val_acc": "max"}, patience=100)
+    result = trainer.fit(lambda: [batch], evaluate, 25, stopping, progress=False)
+    return result.history, result.best_epoch
+
+
+def test_curves_report_the_kept_epoch_and_each_metrics_best(tmp_path):
+    runs = {}
+    for seed in (0, 1):
+        checkpoint = tmp_path / "gat" / "checkpoints" / f"toy-wc-{seed}-0123456789.pt"
+        runs[f"toy-wc-{seed}"] = train_run(checkpoint, seed)
+    table = curves_main([str(tmp_path / "gat"), "--out", str(tmp_path / "out")])
+
+    assert list(table["run"]) == ["toy-wc-0", "toy-wc-1"]  # the settings digest is dropped
+    assert (table["group"] == "toy-wc").all()
+    for _, row in table.iterrows():
+        history, kept = runs[row["run"]]
+        frame = pd.DataFrame(history)
+        assert row["epochs"] == 25 and row["kept_epoch"] == kept
+        assert row["kept_val_loss"] == frame.loc[kept, "val_loss"]
+        assert row["best_val_loss"] == frame["val_loss"].min()  # the loss is minimized,
+        assert row["best_val_acc"] == frame["val_acc"].max()  # the accuracy maximized
+        assert frame.loc[row["best_val_loss_epoch"], "val_loss"] == row["best_val_loss"]
+    assert pd.read_csv(tmp_path / "out" / "curves.csv").shape[0] == 2
+    assert "median kept_val_loss" in (tmp_path / "out" / "summary.md").read_text()
+    assert (tmp_path / "out" / "curves.png").stat().st_size > 10_000
+
+
+def test_curves_name_a_folder_without_checkpoints_and_a_file_that_is_not_one(tmp_path):
+    with pytest.raises(SystemExit):
+        curves_main([str(tmp_path), "--out", str(tmp_path / "out")])
+    (tmp_path / "checkpoints").mkdir()
+    torch.save({"model": {}}, tmp_path / "checkpoints" / "weights.pt")
+    with pytest.raises(ValueError, match="weights.pt is not a training checkpoint"):
+        curves_main([str(tmp_path), "--out", str(tmp_path / "out")])
+
+
+def test_resuming_with_other_monitors_is_refused():
+    stop = EarlyStopping({"val_loss": "min"})
+    with pytest.raises(ValueError, match="monitored"):
+        stop.load_state_dict(EarlyStopping({"val_acc": "max"}).state_dict())
