@@ -16,6 +16,7 @@ import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import glorot, zeros
@@ -177,7 +178,17 @@ def per_head_dropout_projection(
         num_rows = x.numel() // x.size(-1)
         out = x.new_zeros(num_rows, heads, out_channels).index_add(0, rows, contributions)
         return out.view(*x.shape[:-1], heads, out_channels)
-    copies = x.unsqueeze(-3).expand(*x.shape[:-2], heads, *x.shape[-2:])
+    if heads > 1 and torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+        # the backward pass would keep all H dropped copies of x; drawing them again there (same
+        # RNG state, so the same masks) keeps none
+        return checkpoint(_dropped_copies_projection, x, w, p, use_reentrant=False)
+    return _dropped_copies_projection(x, w, p)
+
+
+def _dropped_copies_projection(x: Tensor, w: Tensor, p: float) -> Tensor:
+    """``x``: ``[..., N, F]``, ``w``: ``[H, C, F]`` -> ``[..., N, H, C]``, each head projecting its
+    own dropped copy of ``x``."""
+    copies = x.unsqueeze(-3).expand(*x.shape[:-2], w.size(0), *x.shape[-2:])
     return torch.einsum("...hnf,hcf->...nhc", F.dropout(copies, p, training=True), w)
 
 

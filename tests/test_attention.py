@@ -23,6 +23,7 @@ from guides import AttentionGuide
 from models.gat import (
     BayesianGATConv,
     SparseEntriesCache,
+    _dropped_copies_projection,
     build_node_classifier,
     input_dropout,
     per_head_dropout_projection,
@@ -201,6 +202,35 @@ def test_per_head_dropout_projection_draws_an_independent_mask_per_head(path):
     x = x.expand(2, nodes, features)  # MC dropout: leading sample dimensions
     draws = per_head_dropout_projection(x, weight, heads, p, sparse_entries(x, channels))
     assert draws.shape == (2, nodes, heads, channels) and not torch.equal(draws[0], draws[1])
+
+
+def test_dense_per_head_dropout_keeps_no_dropped_copies_for_backward_and_draws_the_same_masks():
+    """Recomputing the H dropped copies in the backward pass replays the forward's RNG state: the
+    same output and gradients as keeping them, while the graph holds less than one copy."""
+    nodes, features, heads, channels, p = 300, 50, 8, 4, 0.6
+    x = torch.randn(nodes, features, requires_grad=True)
+    weight = torch.randn(heads * channels, features, requires_grad=True)
+    saved = []
+
+    def keep(tensor):
+        saved.append(tensor.numel())
+        return tensor
+
+    torch.manual_seed(3)
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        out = per_head_dropout_projection(x, weight, heads, p)
+    assert sum(saved) < heads * nodes * features  # the copies alone would be H * N * F
+    (out * torch.arange(channels)).sum().backward()
+    grads = x.grad.clone(), weight.grad.clone()
+    after = torch.rand(1)  # the global RNG stream moves on as if nothing were recomputed
+
+    x.grad, weight.grad = None, None
+    torch.manual_seed(3)
+    kept = _dropped_copies_projection(x, weight.view(heads, channels, features), p)  # keeps the copies
+    (kept * torch.arange(channels)).sum().backward()
+    assert torch.equal(out, kept)
+    assert torch.equal(grads[0], x.grad) and torch.equal(grads[1], weight.grad)
+    assert torch.equal(after, torch.rand(1))
 
 
 def test_sparse_entries_gather_only_mostly_zero_data_and_are_cached_per_tensor_and_version():
