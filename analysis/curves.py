@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from .plots import _save  # noqa: E402
+from .plots import save_figure  # noqa: E402
 
 _DIGEST = re.compile(r"-[0-9a-f]{10}$")  # the settings digest of ResultsFile.checkpoint
 
@@ -100,7 +100,7 @@ def training_curves(histories: dict[str, pd.DataFrame], records: Sequence[dict],
     for row, metric in enumerate(metrics):
         axes[row][0].set_ylabel(metric)
     fig.suptitle("validation curves, one line per run; dots: the epochs early stopping kept", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def main(argv: Optional[list[str]] = None) -> pd.DataFrame:

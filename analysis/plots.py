@@ -17,7 +17,8 @@ import xarray as xr  # noqa: E402
 from .metrics import Reliability  # noqa: E402
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
+    """Write ``fig`` as PNG (creating the folder) and close it; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
@@ -34,7 +35,7 @@ def reliability_diagram(curves: dict[str, Reliability], path: Path, title: str =
         ax.plot(r.confidence[filled], r.accuracy[filled], marker="o", ms=3, label=f"{name} (ECE {100 * r.ece:.1f}%)")
     ax.set(xlabel="confidence", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1), title=title)
     ax.legend(loc="lower right", fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _neighbourhood(idata: az.InferenceData, group: str, layer: str, node) -> xr.DataArray:
@@ -53,7 +54,7 @@ def neighbourhood_forest(idata: az.InferenceData, layer: str, node, path: Path, 
     att = _neighbourhood(idata, "posterior", layer, node)
     axes = az.plot_forest(xr.Dataset({"attention": att}), combined=True, hdi_prob=hdi_prob, figsize=(6, 0.25 * att.sizes["head"] * att.sizes["source"] + 1.5))
     axes[0].set_title(f"node {node}, {layer}: posterior attention ({int(100 * hdi_prob)}% HDI)")
-    return _save(axes[0].figure, path)
+    return save_figure(axes[0].figure, path)
 
 
 def prior_posterior(idata: az.InferenceData, layer: str, node, head: int, path: Path) -> Path:
@@ -75,7 +76,7 @@ def prior_posterior(idata: az.InferenceData, layer: str, node, head: int, path: 
     ax.set_xticks(np.arange(len(sources)), [str(s) for s in sources], rotation=90 if len(sources) > 12 else 0)
     ax.set(xlabel="source node", ylabel="attention weight", ylim=(0, 1), title=f"node {node}, {layer}, head {head}")
     ax.legend()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def variant_comparison(summary: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path:
@@ -95,7 +96,7 @@ def variant_comparison(summary: pd.DataFrame, metrics: Sequence[str], path: Path
         ax.set_ylim(max(values.min() - spread, 0.0), values.max() + spread)
         ax.set_title(metric)
     axes[0][0].legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def paired_runs(results: pd.DataFrame, panel: str, metrics: dict[str, str], path: Path, baseline: str = "soft") -> Path:
@@ -118,4 +119,4 @@ def paired_runs(results: pd.DataFrame, panel: str, metrics: dict[str, str], path
         ax.set_xlim(-0.4, len(variants) - 0.6)
         ax.set_title(f"{name}: {metrics[name]}", fontsize=10)
     axes[0][0].legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
