@@ -144,6 +144,8 @@ class SparseEntriesCache:
         self._entries: Optional[SparseRows] = None
 
     def __call__(self, x: Tensor, out_channels: int) -> Optional[SparseRows]:
+        if x.is_inference():  # inference tensors keep no version counter: nothing to key on
+            return sparse_entries(x, out_channels)
         key = (x._version, x.requires_grad, out_channels)  # _version counts in-place writes
         if self._source is None or self._source() is not x or self._key != key:
             self._source, self._key = weakref.ref(x), key

@@ -252,6 +252,8 @@ def test_sparse_entries_gather_only_mostly_zero_data_and_are_cached_per_tensor_a
     x.requires_grad_()
     assert cache(x, 8) is None
     assert pickle.loads(pickle.dumps(cache))(other, 8).rows.tolist() == [0, 3, 20]
+    with torch.inference_mode():  # MC dropout under inference mode: no version counter to cache on
+        assert cache(other.detach().clone(), 8).rows.tolist() == [0, 3, 20]
 
 
 def test_per_head_dropout_drops_messages_channel_by_channel_and_only_in_training():
