@@ -103,24 +103,28 @@ def training_curves(histories: dict[str, pd.DataFrame], records: Sequence[dict],
     return save_figure(fig, path)
 
 
+def read_runs(folders: Sequence[Path]) -> tuple[dict[str, pd.DataFrame], list[dict]]:
+    """:func:`read_run` of every ``checkpoints/*.pt`` in ``folders``: histories by run, records."""
+    histories, records = {}, []
+    for folder in map(Path, folders):
+        paths = sorted((folder / "checkpoints").glob("*.pt"))
+        if not paths:
+            raise FileNotFoundError(f"no checkpoints in {folder / 'checkpoints'}")
+        for path in paths:
+            history, record = read_run(path)
+            if record["run"] in histories:
+                raise ValueError(f"two checkpoints of the run {record['run']} ({path}): give folders of one setting each")
+            histories[record["run"]] = history
+            records.append(record)
+    return histories, records
+
+
 def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(prog="python -m analysis.curves", description=__doc__.split("\n\n")[0])
     parser.add_argument("folders", nargs="+", type=Path, help="run folders (each with checkpoints/)")
     parser.add_argument("--out", type=Path, required=True, help="folder for curves.csv, summary.md, curves.png")
     args = parser.parse_args(argv)
-    paths = []
-    for folder in args.folders:
-        found = sorted((folder / "checkpoints").glob("*.pt"))
-        if not found:
-            parser.error(f"no checkpoints in {folder / 'checkpoints'}")
-        paths += found
-    histories, records = {}, []
-    for path in paths:
-        history, record = read_run(path)
-        if record["run"] in histories:
-            parser.error(f"two checkpoints of the run {record['run']}: give folders of one setting each")
-        histories[record["run"]] = history
-        records.append(record)
+    histories, records = read_runs(args.folders)
     table = pd.DataFrame([kept_versus_best(histories[r["run"]], r) for r in records])
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "curves.csv", index=False)

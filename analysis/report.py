@@ -21,6 +21,7 @@ CAPTIONS = {
     "variants": "Test accuracy, ECE and PAvPU@0.05 per variant and sampling mode (mean ± std over seeds).",
     "reliability": "Reliability diagram of the test nodes (15 equal-width confidence bins).",
     "forest": "Posterior attention into one test node, every head of the first layer (94% HDI, chains combined).",
+    "training-curves": "Validation loss and accuracy per epoch, one line per run; dots: the epochs early stopping kept (the last that set an accuracy record and a loss low together).",
     "prior-posterior": "Prior vs posterior attention of the same node (output layer). Prior: the contextual prior's location Psi normalized over the neighbourhood, per draw (it depends on the first layer's attention samples); posterior: attention weight draws from q(S | Phi).",
 }
 

@@ -31,6 +31,7 @@ import pandas as pd
 import torch
 from torch_geometric.utils import add_self_loops, degree, remove_self_loops
 
+from analysis.curves import read_runs, training_curves
 from analysis.diagnostics import attention_inference_data, attention_summary, gather, neighbourhoods
 from analysis.metrics import PAVPU_THRESHOLDS, reliability, sample_metrics
 from analysis.plots import neighbourhood_forest, prior_posterior, reliability_diagram, variant_comparison
@@ -213,6 +214,7 @@ def write_tables(out: Path) -> pd.DataFrame:
                 curves[f"{variant} ({mode}, seed {seed})"] = reliability(probs, labels)
         if curves:
             reliability_diagram(curves, figures / f"{dataset}-reliability.png", title=f"{NAMES[dataset]} test nodes")
+    training_curves(*read_runs([out]), figures / "training-curves.png")
     return table
 
 

@@ -55,7 +55,7 @@ def test_curves_report_the_kept_epoch_and_each_metrics_best(tmp_path):
 
 
 def test_curves_name_a_folder_without_checkpoints_and_a_file_that_is_not_one(tmp_path):
-    with pytest.raises(SystemExit):
+    with pytest.raises(FileNotFoundError, match="no checkpoints in"):
         curves_main([str(tmp_path), "--out", str(tmp_path / "out")])
     (tmp_path / "checkpoints").mkdir()
     torch.save({"model": {}}, tmp_path / "checkpoints" / "weights.pt")
