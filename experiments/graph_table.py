@@ -40,6 +40,7 @@ from bam_pyro.predictive import attention_site_names, predictive_draws
 from bam_pyro.training import seed_everything
 from experiments.gat import PAPER_ACCURACY, settings_for, train_node_classifier
 from experiments.planetoid import NAMES, load_planetoid
+from experiments.runs import settings_digest
 from models.gat import NodeClassifier
 
 VARIANTS = ["soft", "nokl", "lf", "lc", "wf", "wc"]
@@ -138,8 +139,8 @@ def run_all(args: argparse.Namespace) -> None:
                 diag = variant == "wc" and seed == args.seeds[0] and not (out / "diagnostics" / f"{dataset}-wc-diagnostics.json").exists()
                 if all(f.exists() for f in files.values()) and not diag:
                     continue
-                settings = settings_for(dataset, variant, seed, {})
-                checkpoint = out / "checkpoints" / f"{dataset}-{variant}-{seed}.pt"
+                settings = settings_for(dataset, variant, seed, {"max_epochs": args.max_epochs})
+                checkpoint = out / "checkpoints" / f"{dataset}-{variant}-{seed}-{settings_digest(settings.row())}.pt"
                 model, row = train_node_classifier(settings, data, num_features, num_classes, checkpoint, progress=False)
                 for mode, file in files.items():
                     if file.exists():
@@ -218,6 +219,18 @@ def write_tables(out: Path) -> pd.DataFrame:
     return table
 
 
+def record_settings(out: Path, args: argparse.Namespace) -> None:
+    """``<out>/settings.json``: the data root (for the tables' labels) and the training length. A
+    folder's finished runs are reused, so runs of another length go to another folder."""
+    path = out / "settings.json"
+    recorded = json.loads(path.read_text()) if path.exists() else {}
+    if recorded.get("max_epochs") != args.max_epochs and (out / "rows").is_dir() and any((out / "rows").iterdir()):
+        raise ValueError(f"{out} holds runs with --max-epochs {recorded.get('max_epochs')}, not {args.max_epochs}; "
+                         "choose another --out")
+    data_root = os.path.abspath(args.data_root) if args.data_root is not None else recorded.get("data_root")
+    path.write_text(json.dumps({"data_root": data_root, "max_epochs": args.max_epochs}))
+
+
 def _data_root(out: Path) -> Optional[str]:
     settings = out / "settings.json"
     return json.loads(settings.read_text()).get("data_root") if settings.exists() else None
@@ -234,6 +247,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--dropout-chunk", type=int, default=10, help="draws per pass with MC dropout (inputs are copied per draw)")
     p.add_argument("--chains", type=int, default=4, help="independent chains for the ArviZ diagnostics")
     p.add_argument("--diag-nodes", type=int, default=3, help="test nodes whose attention is diagnosed")
+    p.add_argument("--max-epochs", type=int, default=None, help="training epochs at most (default: the preset's)")
     p.add_argument("--data-root", default=None)
     p.add_argument("--out", default="runs/graph")
     p.add_argument("--threads", type=int, default=1)
@@ -245,8 +259,7 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.data_root is not None:
-        (out / "settings.json").write_text(json.dumps({"data_root": os.path.abspath(args.data_root)}))
+    record_settings(out, args)
     run_all(args)
     table = write_tables(out)
     print((out / "table.md").read_text())

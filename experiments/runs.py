@@ -48,6 +48,13 @@ def _same_setting(recorded: object, asked: object) -> bool:
     return math.isclose(float(recorded), float(asked), rel_tol=1e-9, abs_tol=0.0)
 
 
+def settings_digest(settings: Mapping[str, object]) -> str:
+    """Ten hex digits that change with any setting: checkpoint names, so that a changed setting
+    never resumes another run's state."""
+    text = json.dumps(dict(settings), sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
 class ResultsFile:
     """``<out>/results.csv``: one row per finished run, identified by ``keys``.
 
@@ -89,10 +96,8 @@ class ResultsFile:
 
     def checkpoint(self, settings: Mapping[str, object]) -> Path:
         """``<out>/checkpoints/<keys>-<digest of all settings>.pt``."""
-        text = json.dumps(dict(settings), sort_keys=True, default=str)
-        digest = hashlib.sha1(text.encode()).hexdigest()[:10]
         stem = "-".join(str(settings[name]) for name in self.keys)
-        return self.path.parent / "checkpoints" / f"{stem}-{digest}.pt"
+        return self.path.parent / "checkpoints" / f"{stem}-{settings_digest(settings)}.pt"
 
     def add(self, row: dict) -> None:
         # the lock makes read-append-replace one step, so two writers cannot both append to the

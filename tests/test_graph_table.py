@@ -1,0 +1,26 @@
+"""experiments.graph_table end to end on Cora: short training, few posterior draws, then the report."""
+
+import pandas as pd
+import pytest
+
+from analysis.report import build_report
+from experiments.graph_table import main as graph_table
+
+
+def test_uncertainty_table_figures_diagnostics_and_report_on_cora(tmp_path, data_root):
+    out = tmp_path / "graph"
+    argv = ["--dataset", "cora", "--variant", "soft", "wc", "--seeds", "0", "--samples", "4", "--chains", "2",
+            "--diag-nodes", "1", "--max-epochs", "3", "--data-root", str(data_root), "--out", str(out)]
+    table = graph_table(argv)
+
+    assert list(zip(table.variant, table["mode"])) == [("soft", "dropout"), ("wc", "attention"), ("wc", "attention+dropout")]
+    assert table.nll_mean.between(0, 10).all() and table.ece_mean.between(0, 100).all()
+    rows = pd.read_csv(out / "results.csv")
+    assert (rows.epochs == 3).all() and (rows.samples == 4).all()
+    figures = {p.name for p in (out / "figures").glob("*.png")}
+    assert {"cora-variants.png", "cora-reliability.png", "cora-wc-forest.png", "training-curves.png"} <= figures
+    report = build_report(out)
+    assert "Attention diagnostics" in report and "figures/training-curves.png" in report
+
+    with pytest.raises(ValueError, match="--max-epochs 3, not 4"):
+        graph_table(argv[:-6] + ["--max-epochs", "4", "--data-root", str(data_root), "--out", str(out)])
