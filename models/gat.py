@@ -10,7 +10,7 @@ Leading sample dimensions (vectorized posterior samples) broadcast through.
 from __future__ import annotations
 
 import weakref
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Union
 
 import pyro.distributions as dist
 import torch
@@ -31,7 +31,10 @@ class BayesianGATConv(MessagePassing):
     ``x``: ``[..., num_nodes, in_channels]`` -> ``[..., num_nodes, heads * out_channels]``
     (``concat``) or ``[..., num_nodes, out_channels]`` (heads averaged). ``dropout`` is the rate on
     the layer's input and on its attention weights; with ``dropout_per_head`` every head draws its
-    own input mask and the projected features (the messages) are dropped too.
+    own input mask and the projected features (the messages) are dropped too. As in PyG's
+    ``GATConv``, self-loops are replaced by one per node unless ``add_self_loops=False``, and
+    ``return_attention_weights=True`` also returns the edges with their attention weights
+    (``[..., num_edges, heads]``, before dropout).
     """
 
     def __init__(
@@ -44,9 +47,11 @@ class BayesianGATConv(MessagePassing):
         negative_slope: float = 0.2,
         dropout: float = 0.0,
         dropout_per_head: bool = False,
+        add_self_loops: bool = True,
     ) -> None:
         super().__init__(aggr="add", node_dim=-3)
         self.heads, self.out_channels, self.concat = heads, out_channels, concat
+        self.add_self_loops = add_self_loops
         self.negative_slope, self.dropout, self.dropout_per_head = negative_slope, dropout, dropout_per_head
         self.lin = Linear(in_channels, heads * out_channels, bias=False, weight_initializer="glorot")
         self.att_src = nn.Parameter(torch.empty(1, heads, out_channels))
@@ -65,24 +70,27 @@ class BayesianGATConv(MessagePassing):
         if self.attention.prior_net is not None:
             self.attention.prior_net.reset_parameters()
 
-    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+    def forward(
+        self, x: Tensor, edge_index: Tensor, return_attention_weights: bool = False
+    ) -> Union[Tensor, tuple[Tensor, tuple[Tensor, Tensor]]]:
         num_nodes = x.size(-2)
         h = self.project(x)  # [..., N, H, C]
         score_src = (h * self.att_src).sum(-1)  # [..., N, H]
         score_dst = (h * self.att_dst).sum(-1)
-        edge_index, _ = remove_self_loops(edge_index)
-        edge_index, _ = add_self_loops(edge_index, num_nodes=num_nodes)
+        if self.add_self_loops:
+            edge_index, _ = remove_self_loops(edge_index)
+            edge_index, _ = add_self_loops(edge_index, num_nodes=num_nodes)
         src, dst = edge_index
         scores = F.leaky_relu(
             score_src.index_select(-2, src) + score_dst.index_select(-2, dst), self.negative_slope
         )  # [..., E, H]
-        weights = self.attention(scores, h, EdgeKeys(edge_index, num_nodes))
-        weights = F.dropout(weights, p=self.dropout, training=self.training)
+        attention = self.attention(scores, h, EdgeKeys(edge_index, num_nodes))
+        weights = F.dropout(attention, p=self.dropout, training=self.training)
         if self.dropout_per_head:
             h = F.dropout(h, p=self.dropout, training=self.training)
         out = self.propagate(edge_index, x=h, weights=weights, size=(num_nodes, num_nodes))
-        out = out.flatten(-2) if self.concat else out.mean(-2)
-        return out + self.bias
+        out = (out.flatten(-2) if self.concat else out.mean(-2)) + self.bias
+        return (out, (edge_index, attention)) if return_attention_weights else out
 
     def project(self, x: Tensor) -> Tensor:
         """The heads' features ``W_h dropout(x)``, one shared input mask or one per head."""

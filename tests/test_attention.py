@@ -271,3 +271,26 @@ def test_per_head_dropout_drops_messages_channel_by_channel_and_only_in_training
     assert outputs[False] == 0.0
     # mixed rows: input and attention weight kept (1/4), then some but not all 16 channels kept
     assert abs(outputs[True] - 0.25) < 0.06  # 500 rows: std 0.019
+
+
+@pytest.mark.parametrize("self_loops", [True, False])
+@pytest.mark.parametrize("variant", ["soft", "wc"])
+def test_eval_mode_layer_is_pyg_gatconv_with_the_same_weights(variant, self_loops):
+    """At evaluation (posterior mean) every variant is GAT's layer: same output and same attention
+    per edge as PyG's GATConv holding the same parameters, with and without self-loops."""
+    from torch_geometric.nn import GATConv
+
+    x, edge_index, _ = random_graph(num_nodes=30, num_edges=90, num_features=12)
+    config = BamConfig(variant, k=1.0, beta=1e-10) if variant == "wc" else BamConfig(variant)  # Cora preset
+    ours = BayesianGATConv(12, 5, 3, config, add_self_loops=self_loops).eval()
+    pyg = GATConv(12, 5, heads=3, add_self_loops=self_loops).eval()
+    with torch.no_grad():
+        ours.bias.normal_()  # zero at initialization: give it something to compare
+        for name in ("lin.weight", "att_src", "att_dst", "bias"):
+            pyg.get_parameter(name).copy_(ours.get_parameter(name))
+    out, (edges, attention) = ours(x, edge_index, return_attention_weights=True)
+    expected, (pyg_edges, pyg_attention) = pyg(x, edge_index, return_attention_weights=True)
+    assert torch.allclose(out, expected, atol=1e-5)
+    assert torch.equal(edges, pyg_edges)
+    assert torch.allclose(attention, pyg_attention, atol=1e-6)
+    assert attention.shape == (edges.size(1), 3)
