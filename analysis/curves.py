@@ -30,11 +30,16 @@ from .plots import save_figure  # noqa: E402
 _DIGEST = re.compile(r"-[0-9a-f]{10}$")  # the settings digest of ResultsFile.checkpoint
 
 
+#: metrics where lower is better, for runs without early stopping (or whose checkpoints predate
+#: the saved monitors); every other metric is taken as higher-is-better
+LOWER_IS_BETTER = ("loss", "nll", "ece", "brier")
+
+
 def _direction(metric: str, monitors: Optional[dict[str, str]]) -> str:
-    """'min' or 'max'. Checkpoints written before the monitors were saved: losses fall, the rest rise."""
+    """'min' or 'max': the run's early-stopping monitor when it has one, else by the metric's name."""
     if monitors and metric in monitors:
         return monitors[metric]
-    return "min" if metric.endswith("loss") else "max"
+    return "min" if metric.endswith(LOWER_IS_BETTER) else "max"
 
 
 def read_run(path: Path) -> tuple[pd.DataFrame, dict]:
