@@ -58,7 +58,7 @@ class BayesianGATConv(MessagePassing):
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
         self.bias = nn.Parameter(torch.empty(heads * out_channels if concat else out_channels))
         self.attention = BayesianAttention(config, heads, out_channels)
-        self.input_entries = SparseEntriesCache()
+        self.input_entries = SparseEntriesCache(out_channels)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -95,7 +95,7 @@ class BayesianGATConv(MessagePassing):
     def project(self, x: Tensor) -> Tensor:
         """The heads' features ``W_h dropout(x)``, one shared input mask or one per head."""
         if self.dropout_per_head and self.training and self.dropout > 0:
-            entries = self.input_entries(x, self.out_channels)
+            entries = self.input_entries(x)
             return per_head_dropout_projection(x, self.lin.weight, self.heads, self.dropout, entries)
         x = input_dropout(x, self.dropout, self.training)
         return self.lin(x).unflatten(-1, (self.heads, self.out_channels))
@@ -131,40 +131,40 @@ def sparse_entries(x: Tensor, out_channels: int) -> Optional[SparseRows]:
     that needs no gradient and is mostly zero (bag-of-words features). The gather does
     ``nnz * H * C`` work, per-head copies ``H * N * F``, so it is chosen when ``nnz * C < N * F``.
     None otherwise."""
-    if x.requires_grad:
+    # counting first keeps the rejection of dense data (e.g. hidden features under MC dropout)
+    # cheap: nonzero() would build index arrays as large as the input
+    if x.requires_grad or torch.count_nonzero(x) * out_channels >= x.numel():
         return None
     flat = x.reshape(-1, x.size(-1))
     rows, cols = flat.nonzero(as_tuple=True)
-    if rows.numel() * out_channels >= flat.numel():
-        return None
     return SparseRows(rows, cols, flat[rows, cols])
 
 
 class SparseEntriesCache:
-    """:func:`sparse_entries` of the last input, reused while that same tensor comes back
-    unchanged. In transductive training the first layer reads one feature matrix every step, and
-    finding its nonzeros took longer than the rest of the layer (26 ms a step on Cora's
-    2708 x 1433 features). Holds a weak reference: the cache never keeps an input alive."""
+    """A layer's :func:`sparse_entries` of its last input, reused while that same tensor comes
+    back unchanged. In transductive training the first layer reads one feature matrix every step;
+    finding its nonzeros anew each time cost about a fifth of a Cora BAM-WC step (README,
+    benchmarks). Holds a weak reference: the cache never keeps an input alive."""
 
-    def __init__(self) -> None:
+    def __init__(self, out_channels: int) -> None:
+        self.out_channels = out_channels
         self._source: Optional[weakref.ref] = None
-        self._key: tuple = ()
+        self._version = -1
         self._entries: Optional[SparseRows] = None
 
-    def __call__(self, x: Tensor, out_channels: int) -> Optional[SparseRows]:
-        if x.is_inference():  # inference tensors keep no version counter: nothing to key on
-            return sparse_entries(x, out_channels)
-        key = (x._version, x.requires_grad, out_channels)  # _version counts in-place writes
-        if self._source is None or self._source() is not x or self._key != key:
-            self._source, self._key = weakref.ref(x), key
-            self._entries = sparse_entries(x, out_channels)
+    def __call__(self, x: Tensor) -> Optional[SparseRows]:
+        if x.is_inference() or x.requires_grad:  # no version counter to key on / never gathered
+            return sparse_entries(x, self.out_channels)
+        if self._source is None or self._source() is not x or self._version != x._version:
+            self._source, self._version = weakref.ref(x), x._version  # _version counts in-place writes
+            self._entries = sparse_entries(x, self.out_channels)
         return self._entries
 
     def __getstate__(self) -> dict:
-        return {}  # weak references do not pickle; a copy starts empty
+        return {"out_channels": self.out_channels}  # weak references do not pickle: a copy starts empty
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__()
+        self.__init__(state["out_channels"])
 
 
 def per_head_dropout_projection(

@@ -241,19 +241,19 @@ def test_sparse_entries_gather_only_mostly_zero_data_and_are_cached_per_tensor_a
     assert sparse_entries(torch.ones(50, 40), out_channels=8) is None  # dense: per-head copies
     assert sparse_entries(x.clone().requires_grad_(), out_channels=8) is None
 
-    cache = SparseEntriesCache()
-    first = cache(x, 8)
-    assert cache(x, 8) is first  # the same, unchanged tensor: not recomputed
+    cache = SparseEntriesCache(out_channels=8)
+    first = cache(x)
+    assert cache(x) is first  # the same, unchanged tensor: not recomputed
     x[0, 0] = 5.0  # an in-place write bumps the version
-    changed = cache(x, 8)
+    changed = cache(x)
     assert changed.rows.tolist() == [0, 3, 20]
     other = x.clone()
-    assert cache(other, 8) is not changed  # another tensor, even with equal values
+    assert cache(other) is not changed  # another tensor, even with equal values
     x.requires_grad_()
-    assert cache(x, 8) is None
-    assert pickle.loads(pickle.dumps(cache))(other, 8).rows.tolist() == [0, 3, 20]
+    assert cache(x) is None
+    assert pickle.loads(pickle.dumps(cache))(other).rows.tolist() == [0, 3, 20]
     with torch.inference_mode():  # MC dropout under inference mode: no version counter to cache on
-        assert cache(other.detach().clone(), 8).rows.tolist() == [0, 3, 20]
+        assert cache(other.detach().clone()).rows.tolist() == [0, 3, 20]
 
 
 def test_per_head_dropout_drops_messages_channel_by_channel_and_only_in_training():

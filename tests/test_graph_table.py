@@ -9,9 +9,12 @@ from experiments.graph_table import main as graph_table
 
 def test_uncertainty_table_figures_diagnostics_and_report_on_cora(tmp_path, data_root):
     out = tmp_path / "graph"
-    argv = ["--dataset", "cora", "--variant", "soft", "wc", "--seeds", "0", "--samples", "4", "--chains", "2",
-            "--diag-nodes", "1", "--max-epochs", "3", "--data-root", str(data_root), "--out", str(out)]
-    table = graph_table(argv)
+
+    def argv(max_epochs: int) -> list[str]:
+        return ["--dataset", "cora", "--variant", "soft", "wc", "--seeds", "0", "--samples", "4", "--chains", "2",
+                "--diag-nodes", "1", "--max-epochs", str(max_epochs), "--data-root", str(data_root), "--out", str(out)]
+
+    table = graph_table(argv(3))
 
     assert list(zip(table.variant, table["mode"])) == [("soft", "dropout"), ("wc", "attention"), ("wc", "attention+dropout")]
     assert table.nll_mean.between(0, 10).all() and table.ece_mean.between(0, 100).all()
@@ -23,4 +26,4 @@ def test_uncertainty_table_figures_diagnostics_and_report_on_cora(tmp_path, data
     assert "Attention diagnostics" in report and "figures/training-curves.png" in report
 
     with pytest.raises(ValueError, match="--max-epochs 3, not 4"):
-        graph_table(argv[:-6] + ["--max-epochs", "4", "--data-root", str(data_root), "--out", str(out)])
+        graph_table(argv(4))
