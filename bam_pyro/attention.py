@@ -7,6 +7,7 @@ attention. Given scores ``f(Q, K)`` and the keys:
     S ~ q(S | Phi)  with  E[S] = exp(Phi)              Weibull or Lognormal
     W = softmax(log S)                                 normalized in log space
     prior: S ~ p(S | Psi),  Psi = softmax(F2(relu(F1(K))))   (contextual) or fixed
+           (softmax over each query's keys or over all keys: ``BamConfig.prior_scope``)
 
 Which S is used depends on where the layer runs:
 
@@ -22,12 +23,13 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
 from torch import Tensor, nn
 
 from .axes import AttentionAxis
 from .config import BamConfig
 from .distributions import prior_distribution, variational_distribution
-from .normalize import log_normalized, normalize
+from .normalize import LOG_FLOOR, log_normalized, normalize
 from .prior import ContextualPrior
 from .sites import AttentionSiteInfo, active_sites, sampling_requested
 
@@ -76,7 +78,11 @@ class BayesianAttention(nn.Module):
                 raise ValueError("the contextual prior (lc, wc) needs the keys; got keys=None")
             if self.config.detach_prior_keys:
                 keys = keys.detach()
-            log_psi = log_normalized(axis, axis.spread(self.prior_net(keys)))
+            logits = self.prior_net(keys)
+            if self.config.prior_scope == "all_keys":
+                log_psi = axis.spread(torch.log(axis.softmax_all_keys(logits) + LOG_FLOOR))
+            else:
+                log_psi = log_normalized(axis, axis.spread(logits))
         return prior_distribution(log_psi, self.config, phi.shape, phi)
 
     def extra_repr(self) -> str:

@@ -44,6 +44,10 @@ class AttentionAxis(Protocol):
     def spread(self, per_key: Tensor) -> Tensor:
         """Map per-key values ``[..., keys, heads]`` onto the entries."""
 
+    def softmax_all_keys(self, per_key: Tensor) -> Tensor:
+        """Softmax of per-key values ``[..., keys, heads]`` over every valid key of the call: one
+        distribution shared by all queries, still per key (masked keys get 0)."""
+
     def num_valid(self, entries: Tensor) -> int:
         """Number of valid entries in one attention map of ``entries`` (no sample dims)."""
 
@@ -91,6 +95,12 @@ class DenseKeys:
         # [..., keys, heads] -> [..., heads, 1, keys]: one value per key, shared by all queries
         return per_key.transpose(-1, -2).unsqueeze(-2)
 
+    def softmax_all_keys(self, per_key: Tensor) -> Tensor:
+        if self.key_mask is not None:  # a key is valid if any query may attend to it
+            valid = self.key_mask.any(dim=-2).transpose(-1, -2)  # [..., keys, heads or 1]
+            per_key = per_key.masked_fill(~valid, torch.finfo(per_key.dtype).min)
+        return per_key.softmax(dim=-2)
+
     def num_valid(self, entries: Tensor) -> int:
         map_shape = entries.shape[-3:]
         if self.mask is None:
@@ -137,6 +147,9 @@ class EdgeKeys:
 
     def spread(self, per_key: Tensor) -> Tensor:
         return per_key.index_select(-2, self.source)
+
+    def softmax_all_keys(self, per_key: Tensor) -> Tensor:
+        return per_key.softmax(dim=-2)  # over all nodes of the graph
 
     def num_valid(self, entries: Tensor) -> int:
         return entries.shape[-2:].numel()

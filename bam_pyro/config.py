@@ -16,6 +16,8 @@ PriorKind = Literal["fixed", "contextual"]
 Reduction = Literal["mean", "sum"]
 GammaShape = Literal["psi_beta", "psi"]
 GAMMA_SHAPES: tuple[str, ...] = get_args(GammaShape)
+PriorScope = Literal["query_keys", "all_keys"]
+PRIOR_SCOPES: tuple[str, ...] = get_args(PriorScope)
 
 #: variant name -> (variational family, prior kind); ``None`` where the variant has none.
 VARIANTS: dict[str, tuple[Optional[Family], Optional[PriorKind]]] = {
@@ -52,6 +54,13 @@ class BamConfig:
         with beta. ``psi`` (the paper's text): ``alpha = Psi``; the KL's terms in q are
         ``beta * exp(Phi) - Psi * Phi``, a cross-entropy from the prior ``Psi`` to the attention
         ``W = exp(Phi)`` that stays whatever beta is (beta then only scales the ``exp(Phi)`` term).
+    prior_scope: which keys the contextual prior mean Psi is a softmax over. ``query_keys``: each
+        query's own keys, so that Psi sums to one where the attention ``exp(Phi)`` does.
+        ``all_keys`` (the paper's text and reference code): every key of the attention call at
+        once, one "global importance" per key shared by all queries. The two agree for dense
+        attention with key padding only; they differ under causal masks and on graphs, where the
+        keys of ``all_keys`` are all nodes: there, with ``alpha = Psi * beta``, the KL's
+        ``-log Psi`` per edge trains the prior network to tell how often each node is a neighbour.
     d_mid: hidden width of the contextual prior network ``F2(relu(F1(K)))``.
     detach_prior_keys: stop the KL's gradient at the contextual prior's input, so that the prior
         network learns from the keys without reshaping them. With a small Gamma shape
@@ -67,6 +76,7 @@ class BamConfig:
     beta: float = 1.0
     alpha: float = 1.0
     gamma_shape: GammaShape = "psi_beta"
+    prior_scope: PriorScope = "query_keys"
     d_mid: int = 1
     detach_prior_keys: bool = False
 
@@ -81,6 +91,8 @@ class BamConfig:
             raise ValueError(f"mu_p must be a finite number, got {self.mu_p!r}")
         if self.gamma_shape not in GAMMA_SHAPES:
             raise ValueError(f"gamma_shape must be one of {GAMMA_SHAPES}, got {self.gamma_shape!r}")
+        if self.prior_scope not in PRIOR_SCOPES:
+            raise ValueError(f"prior_scope must be one of {PRIOR_SCOPES}, got {self.prior_scope!r}")
         if not isinstance(self.d_mid, int) or isinstance(self.d_mid, bool) or self.d_mid <= 0:
             raise ValueError(f"d_mid must be a positive integer, got {self.d_mid!r}")
         if not isinstance(self.detach_prior_keys, bool):

@@ -142,8 +142,8 @@ def predictive_draws(
 def prior_location(prior: dist.TorchDistribution) -> Tensor:
     """Where an attention prior p(S) is centred, per entry: the Gamma mean ``alpha / beta`` or the
     LogNormal median ``exp(mu)``: proportional to the contextual prior's Psi (``Psi / beta`` when
-    ``gamma_shape="psi"``, so normalize over each query's keys to get Psi) or, for a fixed prior,
-    a constant (normalized over the keys: uniform weights)."""
+    ``gamma_shape="psi"``, so normalize over each query's keys to get the prior's attention) or,
+    for a fixed prior, a constant (normalized over the keys: uniform weights)."""
     base = prior
     while isinstance(base, (AttentionMap, dist.Independent, dist.MaskedDistribution)):
         base = base.base_dist

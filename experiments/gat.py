@@ -23,7 +23,7 @@ from analysis.tables import paired_difference, summarize
 from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.training import EarlyStopping, SVITrainer, seed_everything
 from experiments.planetoid import NAMES, load_planetoid
-from experiments.runs import BAM_FIELDS, ResultsFile, add_gamma_shape_argument, add_run_arguments
+from experiments.runs import BAM_FIELDS, ResultsFile, add_contextual_prior_arguments, add_run_arguments
 from guides import AttentionGuide
 from models.gat import NodeClassifier, build_node_classifier, validate_graph
 
@@ -167,7 +167,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     g.add_argument("--d-mid", type=int, default=None)
     g.add_argument("--detach-prior-keys", action="store_const", const=True, default=None,
                    help="stop the KL's gradient at the contextual prior's input (BamConfig.detach_prior_keys)")
-    add_gamma_shape_argument(g)
+    add_contextual_prior_arguments(g)
     g.add_argument("--dropout-per-head", action=argparse.BooleanOptionalAction, default=None,
                    help="an input dropout mask per head and dropout of the messages (original GAT code)")
     g.add_argument("--reduction", choices=["mean", "sum"], default=None)
@@ -176,7 +176,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-OVERRIDES = ("k", "sigma_q", "sigma_p", "beta", "alpha", "gamma_shape", "rho", "att_kl", "lr", "weight_decay", "d_mid", "detach_prior_keys", "dropout_per_head", "reduction", "max_epochs", "patience")
+OVERRIDES = ("k", "sigma_q", "sigma_p", "beta", "alpha", "gamma_shape", "prior_scope", "rho", "att_kl", "lr", "weight_decay", "d_mid", "detach_prior_keys", "dropout_per_head", "reduction", "max_epochs", "patience")
 
 
 def main(argv: Optional[list[str]] = None) -> pd.DataFrame:

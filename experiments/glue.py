@@ -37,7 +37,7 @@ from analysis.tables import paired_difference, summarize
 from bam_pyro import BamConfig, BayesianAttention, ObjectiveConfig, attention_sampling
 from bam_pyro.training import SVITrainer, seed_everything
 from experiments.glue_data import TASKS, Encoded, batches, encode, read_split, task_metrics
-from experiments.runs import BAM_FIELDS, ResultsFile, add_gamma_shape_argument, add_run_arguments
+from experiments.runs import BAM_FIELDS, ResultsFile, add_contextual_prior_arguments, add_run_arguments
 from guides import AttentionGuide
 from models.transformers_bam import DEFAULT_MODEL, build_sequence_model, resolve_pretrained
 
@@ -224,7 +224,7 @@ def side_by_side(results: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["task", "metric"])
 
 
-OVERRIDES = ("k", "beta", "gamma_shape", "d_mid", "detach_prior_keys", "att_kl", "rho", "lr", "weight_decay", "batch_size", "epochs", "warmup", "max_length", "max_train", "holdout")
+OVERRIDES = ("k", "beta", "gamma_shape", "prior_scope", "d_mid", "detach_prior_keys", "att_kl", "rho", "lr", "weight_decay", "batch_size", "epochs", "warmup", "max_length", "max_train", "holdout")
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -240,7 +240,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         g.add_argument(f"--{name.replace('_', '-')}", type=int, default=None)
     g.add_argument("--holdout", type=int, default=None, metavar="N",
                    help="score on N training examples held out of training (for tuning) instead of the dev set")
-    add_gamma_shape_argument(g)
+    add_contextual_prior_arguments(g)
     g.add_argument("--prior-keys-gradient", dest="detach_prior_keys", action="store_const", const=False, default=None,
                    help="let the KL's gradient reach the keys through the contextual prior (by default it stops there)")
     return p.parse_args(argv)

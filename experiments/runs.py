@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bam_pyro.config import GAMMA_SHAPES, VARIANTS, BamConfig
+from bam_pyro.config import GAMMA_SHAPES, PRIOR_SCOPES, VARIANTS, BamConfig
 
 #: the hyperparameters of ``BamConfig`` (all but the variant): overridable and recorded in every row
 BAM_FIELDS = tuple(f.name for f in dataclasses.fields(BamConfig) if f.name != "variant")
@@ -31,10 +31,12 @@ def add_run_arguments(parser: argparse.ArgumentParser, default_out: str, data_he
     parser.add_argument("--no-progress", action="store_true")
 
 
-def add_gamma_shape_argument(group: argparse._ArgumentGroup) -> None:
-    """--gamma-shape: the contextual Gamma prior's shape (``BamConfig.gamma_shape``)."""
+def add_contextual_prior_arguments(group: argparse._ArgumentGroup) -> None:
+    """--gamma-shape and --prior-scope: the form of the contextual prior (``BamConfig``)."""
     group.add_argument("--gamma-shape", choices=GAMMA_SHAPES, default=None,
                        help="contextual Gamma shape: Psi * beta (reference code) or Psi (paper's text)")
+    group.add_argument("--prior-scope", choices=PRIOR_SCOPES, default=None,
+                       help="Psi is a softmax over each query's keys or over all keys (paper, reference code)")
 
 
 def _same_setting(recorded: object, asked: object) -> bool:

@@ -162,6 +162,53 @@ def test_detach_prior_keys_stops_the_kl_gradient_at_the_keys_only(detach):
         assert keys.grad.abs().sum() > 0
 
 
+def prior_mean(layer, phi, keys, axis):
+    """The Gamma prior's mean alpha / beta per entry: Psi, for ``gamma_shape="psi_beta"``."""
+    prior = layer.prior(phi, keys, axis)
+    return prior.concentration / prior.rate
+
+
+def test_prior_over_all_nodes_is_one_distribution_over_the_graph_shared_by_every_target():
+    x, edge_index, _ = random_graph(num_nodes=12, num_edges=40)
+    keys = torch.randn(12, 3, 5)
+    axis = EdgeKeys(edge_index, 12)
+    phi = log_normalized(axis, torch.randn(40, 3))
+    shared = BayesianAttention(BamConfig("wc", beta=0.5, d_mid=4, prior_scope="all_keys"), 3, 5)
+    per_query = BayesianAttention(BamConfig("wc", beta=0.5, d_mid=4), 3, 5)
+    per_query.prior_net.load_state_dict(shared.prior_net.state_dict())
+
+    over_nodes = torch.softmax(shared.prior_net(keys), dim=0)  # [nodes, heads]
+    torch.testing.assert_close(over_nodes.sum(0), torch.ones(3))
+    torch.testing.assert_close(prior_mean(shared, phi, keys, axis), over_nodes[edge_index[0]])
+    # the default renormalizes the same logits over each target's incoming edges instead
+    psi = prior_mean(per_query, phi, keys, axis)
+    torch.testing.assert_close(psi, over_nodes[edge_index[0]] / axis.key_sum(over_nodes[edge_index[0]]))
+    assert not torch.allclose(psi, over_nodes[edge_index[0]])
+
+
+def test_dense_prior_over_all_keys_skips_padding_and_differs_from_per_query_only_under_other_masks():
+    scores, keys, padding = dense_inputs()
+    shared = BayesianAttention(BamConfig("wc", beta=0.5, d_mid=4, prior_scope="all_keys"), 3, 5)
+    per_query = BayesianAttention(BamConfig("wc", beta=0.5, d_mid=4), 3, 5)
+    per_query.prior_net.load_state_dict(shared.prior_net.state_dict())
+    axis = DenseKeys(padding)
+    phi = log_normalized(axis, scores)
+    psi = prior_mean(shared, phi, keys, axis)
+    assert torch.equal(psi, psi[..., :1, :].expand_as(psi))  # the same for every query
+    assert (psi[0, ..., 4:] < 1e-12).all()
+    torch.testing.assert_close(psi.sum(-1), torch.ones(2, 3, 4))
+    torch.testing.assert_close(psi, prior_mean(per_query, phi, keys, axis))
+
+    causal = torch.ones(4, 6, dtype=torch.bool).tril(diagonal=2)  # query i sees keys 0..i+2
+    axis = DenseKeys(padding & causal)
+    phi = log_normalized(axis, scores)
+    psi = prior_mean(shared, phi, keys, axis)
+    torch.testing.assert_close(psi.sum(-1), torch.ones(2, 3, 4))  # over every key some query sees
+    rows = prior_mean(per_query, phi, keys, axis).masked_fill(~axis.mask, 0.0)
+    torch.testing.assert_close(rows.sum(-1), torch.ones(2, 3, 4))  # over each query's own keys
+    assert not torch.allclose(psi.masked_fill(~axis.mask, 0.0), rows)
+
+
 def test_input_dropout_keeps_each_feature_with_probability_one_minus_p():
     x = torch.full((400, 500), 2.0)
     out = input_dropout(x, 0.6, training=True)

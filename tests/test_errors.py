@@ -23,6 +23,8 @@ from .conftest import random_graph
         (dict(d_mid=0), "d_mid must be a positive integer"),
         (dict(d_mid=2.5), "d_mid must be a positive integer"),
         (dict(detach_prior_keys="yes"), "detach_prior_keys must be True or False"),
+        (dict(gamma_shape="psi*beta"), "gamma_shape must be one of \\('psi_beta', 'psi'\\)"),
+        (dict(prior_scope="graph"), "prior_scope must be one of \\('query_keys', 'all_keys'\\)"),
     ],
 )
 def test_invalid_hyperparameters(kwargs, message):

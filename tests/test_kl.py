@@ -190,7 +190,3 @@ def test_contextual_gamma_shape_and_its_pull_on_the_attention(gamma_shape):
     if gamma_shape == "psi":  # descending the KL raises log W where Psi is large
         assert torch.allclose(phi.grad, -psi, atol=1e-6)
 
-
-def test_gamma_shape_is_validated():
-    with pytest.raises(ValueError, match="gamma_shape must be one of \\('psi_beta', 'psi'\\)"):
-        BamConfig("wc", gamma_shape="psi*beta")

@@ -5,7 +5,7 @@ import torch
 
 from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.training import EarlyStopping, SVITrainer, seed_everything
-from experiments.gat import settings_for, train_node_classifier
+from experiments.gat import OVERRIDES, parse_args, settings_for, train_node_classifier
 from guides import AttentionGuide
 from models.gat import build_node_classifier
 
@@ -83,8 +83,10 @@ def test_short_cora_run_learns(cora, variant):
 
 
 def test_gat_overrides_reach_the_config_and_the_row():
-    settings = settings_for("citeseer", "wc", seed=0, overrides=dict(k=10.0, detach_prior_keys=True, beta=None))
+    args = parse_args(["--k", "10", "--detach-prior-keys", "--prior-scope", "all_keys"])
+    settings = settings_for("citeseer", "wc", seed=0, overrides={name: getattr(args, name) for name in OVERRIDES})
     assert settings.config.k == 10.0 and settings.config.detach_prior_keys is True
-    assert settings.config.beta == 1e-15  # None keeps the preset
+    assert settings.config.prior_scope == "all_keys"
+    assert settings.config.beta == 1e-15  # an option not given keeps the preset
     row = settings.row()
-    assert row["k"] == 10.0 and row["detach_prior_keys"] is True
+    assert row["k"] == 10.0 and row["detach_prior_keys"] is True and row["prior_scope"] == "all_keys"
