@@ -40,7 +40,7 @@ from bam_pyro.predictive import attention_site_names, predictive_draws
 from bam_pyro.training import seed_everything
 from experiments.gat import PAPER_ACCURACY, settings_for, train_node_classifier
 from experiments.planetoid import NAMES, load_planetoid
-from experiments.runs import settings_digest
+from experiments.runs import setting_differences, settings_digest
 from models.gat import NodeClassifier
 
 VARIANTS = ["soft", "nokl", "lf", "lc", "wf", "wc"]
@@ -136,10 +136,15 @@ def run_all(args: argparse.Namespace) -> None:
         for variant in args.variant:
             for seed in args.seeds:
                 files = {m: out / "rows" / f"{dataset}-{variant}-{seed}-{m.replace('+', '-')}.json" for m in modes_for(variant, seed == args.seeds[0])}
+                settings = settings_for(dataset, variant, seed, {"max_epochs": args.max_epochs})
+                for file in filter(Path.exists, files.values()):
+                    differing = setting_differences(json.loads(file.read_text()), settings.row())
+                    if differing:
+                        raise ValueError(f"{file} holds a run with other or unrecorded settings: {'; '.join(differing)}. "
+                                         "Choose another --out for the new settings.")
                 diag = variant == "wc" and seed == args.seeds[0] and not (out / "diagnostics" / f"{dataset}-wc-diagnostics.json").exists()
                 if all(f.exists() for f in files.values()) and not diag:
                     continue
-                settings = settings_for(dataset, variant, seed, {"max_epochs": args.max_epochs})
                 checkpoint = out / "checkpoints" / f"{dataset}-{variant}-{seed}-{settings_digest(settings.row())}.pt"
                 model, row = train_node_classifier(settings, data, num_features, num_classes, checkpoint, progress=False)
                 for mode, file in files.items():
@@ -219,16 +224,13 @@ def write_tables(out: Path) -> pd.DataFrame:
     return table
 
 
-def record_settings(out: Path, args: argparse.Namespace) -> None:
-    """``<out>/settings.json``: the data root (for the tables' labels) and the training length. A
-    folder's finished runs are reused, so runs of another length go to another folder."""
+def record_data_root(out: Path, args: argparse.Namespace) -> None:
+    """``<out>/settings.json``: the data root, for the tables' labels (the folder's rows record
+    every training setting, and a finished run is reused only with the same settings)."""
     path = out / "settings.json"
     recorded = json.loads(path.read_text()) if path.exists() else {}
-    if recorded.get("max_epochs") != args.max_epochs and (out / "rows").is_dir() and any((out / "rows").iterdir()):
-        raise ValueError(f"{out} holds runs with --max-epochs {recorded.get('max_epochs')}, not {args.max_epochs}; "
-                         "choose another --out")
     data_root = os.path.abspath(args.data_root) if args.data_root is not None else recorded.get("data_root")
-    path.write_text(json.dumps({"data_root": data_root, "max_epochs": args.max_epochs}))
+    path.write_text(json.dumps({"data_root": data_root}))
 
 
 def _data_root(out: Path) -> Optional[str]:
@@ -259,7 +261,7 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    record_settings(out, args)
+    record_data_root(out, args)
     run_all(args)
     table = write_tables(out)
     print((out / "table.md").read_text())

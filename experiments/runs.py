@@ -50,6 +50,18 @@ def _same_setting(recorded: object, asked: object) -> bool:
     return math.isclose(float(recorded), float(asked), rel_tol=1e-9, abs_tol=0.0)
 
 
+def setting_differences(recorded: Mapping[str, object], asked: Mapping[str, object]) -> list[str]:
+    """``name=recorded (asked for value)`` for every setting a finished run's record does not
+    match. A setting the record lacks (written before it existed) may have had another value, so
+    it counts as different: ``name=not recorded``."""
+    differing = []
+    for name, value in asked.items():
+        before = recorded.get(name, math.nan)
+        if not _same_setting(before, value):
+            differing.append(f"{name}={'not recorded' if pd.isna(before) else before} (asked for {value})")
+    return differing
+
+
 def settings_digest(settings: Mapping[str, object]) -> str:
     """Ten hex digits that change with any setting: checkpoint names, so that a changed setting
     never resumes another run's state."""
@@ -85,11 +97,7 @@ class ResultsFile:
             match &= self.frame[name] == settings[name]
         if not match.any():
             return False
-        recorded = self.frame[match].iloc[-1]
-        # a blank (a row written before the setting was recorded) may hide another setting: refused
-        differing = [f"{name}={'not recorded' if pd.isna(recorded[name]) else recorded[name]} (asked for {value})"
-                     for name, value in settings.items()
-                     if name in recorded.index and not _same_setting(recorded[name], value)]
+        differing = setting_differences(self.frame[match].iloc[-1], settings)
         if differing:
             run = ", ".join(f"{name}={settings[name]}" for name in self.keys)
             raise ValueError(f"{self.path} already holds the run {run} with other or unrecorded settings: "

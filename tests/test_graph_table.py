@@ -25,5 +25,5 @@ def test_uncertainty_table_figures_diagnostics_and_report_on_cora(tmp_path, data
     report = build_report(out)
     assert "Attention diagnostics" in report and "figures/training-curves.png" in report
 
-    with pytest.raises(ValueError, match="--max-epochs 3, not 4"):
+    with pytest.raises(ValueError, match="max_epochs=3 \\(asked for 4\\)"):
         graph_table(argv(4))

@@ -64,7 +64,9 @@ def test_a_setting_the_folder_never_recorded_is_refused_as_unrecorded(tmp_path):
     old_row = {k: v for k, v in settings_for("cora", "wc", 0, {}).row().items() if k != "dropout_per_head"}
     results = ResultsFile(tmp_path, ("dataset", "variant", "seed"))
     results.add({**old_row, "test_acc": 80.0})
-    results.add({**settings_for("cora", "wc", 1, {}).row(), "test_acc": 81.0})  # adds the column
+    with pytest.raises(ValueError, match="dropout_per_head=not recorded"):  # no column for it at all
+        results.has(settings_for("cora", "wc", 0, {}).row())
+    results.add({**settings_for("cora", "wc", 1, {}).row(), "test_acc": 81.0})  # adds the column, blank above
     assert results.has(settings_for("cora", "wc", 1, {}).row())
     with pytest.raises(ValueError, match="dropout_per_head=not recorded"):
         results.has(settings_for("cora", "wc", 0, {}).row())
