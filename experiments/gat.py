@@ -176,7 +176,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-OVERRIDES = ("k", "sigma_q", "sigma_p", "beta", "alpha", "gamma_shape", "prior_scope", "rho", "att_kl", "lr", "weight_decay", "d_mid", "detach_prior_keys", "dropout_per_head", "reduction", "max_epochs", "patience")
+OVERRIDES = (
+    "k", "sigma_q", "sigma_p", "beta", "alpha", "gamma_shape", "prior_scope", "rho", "att_kl", "lr", "weight_decay",
+    "d_mid", "detach_prior_keys", "dropout_per_head", "reduction", "max_epochs", "patience",
+)
 
 
 def main(argv: Optional[list[str]] = None) -> pd.DataFrame:

@@ -224,7 +224,10 @@ def side_by_side(results: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["task", "metric"])
 
 
-OVERRIDES = ("k", "beta", "gamma_shape", "prior_scope", "d_mid", "detach_prior_keys", "att_kl", "rho", "lr", "weight_decay", "batch_size", "epochs", "warmup", "max_length", "max_train", "holdout")
+OVERRIDES = (
+    "k", "beta", "gamma_shape", "prior_scope", "d_mid", "detach_prior_keys", "att_kl", "rho", "lr", "weight_decay",
+    "batch_size", "epochs", "warmup", "max_length", "max_train", "holdout",
+)
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:

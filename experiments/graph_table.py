@@ -135,14 +135,15 @@ def run_all(args: argparse.Namespace) -> None:
             continue
         for variant in args.variant:
             for seed in args.seeds:
-                files = {m: out / "rows" / f"{dataset}-{variant}-{seed}-{m.replace('+', '-')}.json" for m in modes_for(variant, seed == args.seeds[0])}
+                first = seed == args.seeds[0]
+                files = {m: out / "rows" / f"{dataset}-{variant}-{seed}-{m.replace('+', '-')}.json" for m in modes_for(variant, first)}
                 settings = settings_for(dataset, variant, seed, {"max_epochs": args.max_epochs})
                 for file in filter(Path.exists, files.values()):
                     differing = setting_differences(json.loads(file.read_text()), settings.row())
                     if differing:
                         raise ValueError(f"{file} holds a run with other or unrecorded settings: {'; '.join(differing)}. "
                                          "Choose another --out for the new settings.")
-                diag = variant == "wc" and seed == args.seeds[0] and not (out / "diagnostics" / f"{dataset}-wc-diagnostics.json").exists()
+                diag = variant == "wc" and first and not (out / "diagnostics" / f"{dataset}-wc-diagnostics.json").exists()
                 if all(f.exists() for f in files.values()) and not diag:
                     continue
                 checkpoint = out / "checkpoints" / f"{dataset}-{variant}-{seed}-{settings_digest(settings.row())}.pt"

@@ -22,7 +22,8 @@ class AttentionGuide(GuideMessenger):
     """Guide for the Bayesian attention sites of a model.
 
     Every other latent site is drawn from the model itself: in posterior prediction that is
-    exactly what an unobserved target needs (``y ~ p(y | x, S)`` with S from q). Use it as any guide: ``TraceMeanField_ELBO().differentiable_loss(model, guide, *args)`` or
+    exactly what an unobserved target needs (``y ~ p(y | x, S)`` with S from q). Use it as any
+    guide, ``TraceMeanField_ELBO().differentiable_loss(model, guide, *args)`` or
     ``Predictive(model, guide=guide, ...)``; calling it runs the model under the guide and returns
     every site's value.
     """
