@@ -30,6 +30,22 @@ def cora(data_root):
     return load_planetoid("cora", data_root)
 
 
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> Path:
+    """A folder holding a tiny randomly initialized BERT classifier beside the MiniLM tokenizer."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from models.transformers_bam import DEFAULT_MODEL, resolve_pretrained
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_pretrained(DEFAULT_MODEL))
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64, num_labels=2)
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    BertForSequenceClassification(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 def random_graph(num_nodes: int = 30, num_edges: int = 90, num_features: int = 12, seed: int = 0):
     """A small random directed graph with features and 3 classes."""
     g = torch.Generator().manual_seed(seed)

@@ -1,8 +1,8 @@
-"""The GAT benchmark command runs end to end and prints the figures the README quotes."""
+"""The benchmark commands run end to end and print the figures the README quotes."""
 
 import json
 
-from experiments.benchmarks import gat
+from experiments.benchmarks import bert, gat
 
 
 def test_gat_bench_prints_times_memory_and_ratios(capsys):
@@ -11,3 +11,12 @@ def test_gat_bench_prints_times_memory_and_ratios(capsys):
     for key in ("gatconv_ms", "soft_ms", "bam_ms", "time_ratio", "gatconv_peak_mb", "bam_peak_mb", "mem_ratio"):
         assert figures[key] >= 0, key
     assert abs(figures["time_ratio"] - figures["bam_ms"] / figures["gatconv_ms"]) < 0.01
+
+
+def test_bert_bench_prints_times_memory_and_ratios(capsys, tiny_bert):
+    bert.main(["--model", str(tiny_bert), "--batch", "2", "--length", "16", "--steps", "2", "--warmup", "0"])
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("soft_ms", "bam_ms", "soft_peak_mb", "bam_peak_mb"):
+        assert figures[key] > 0, key
+    assert abs(figures["time_ratio"] - figures["bam_ms"] / figures["soft_ms"]) < 0.01
+    assert abs(figures["mem_ratio"] - figures["bam_peak_mb"] / figures["soft_peak_mb"]) < 0.01

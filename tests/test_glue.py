@@ -110,22 +110,13 @@ def test_posterior_probs_vary_for_bam_only():
         assert set(metrics) == {"nll", "ece", "brier", "pavpu@0.05"} and 0 <= metrics["pavpu@0.05"] <= 100
 
 
-def test_glue_script_trains_scores_tabulates_and_skips_finished_runs(tmp_path, data_root):
+def test_glue_script_trains_scores_tabulates_and_skips_finished_runs(tmp_path, data_root, tiny_bert):
     """experiments.glue end to end on real RTE data with a tiny randomly initialized BERT saved
     beside the MiniLM tokenizer: both variants train, are scored on dev, side by side; asking
     again trains nothing."""
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
     from experiments.glue import main as glue
-    from models.transformers_bam import DEFAULT_MODEL, resolve_pretrained
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_pretrained(DEFAULT_MODEL))
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, max_position_embeddings=64, num_labels=2)
-    folder = tmp_path / "tiny-bert"
-    BertForSequenceClassification(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    argv = ["--task", "rte", "--variant", "soft", "wc", "--seeds", "0", "--model", str(folder),
+    argv = ["--task", "rte", "--variant", "soft", "wc", "--seeds", "0", "--model", str(tiny_bert),
             "--data-root", str(data_root), "--out", str(tmp_path / "glue"), "--max-train", "48", "--epochs", "1",
             "--max-length", "32", "--draws", "2", "--threads", "1", "--no-progress"]
     table = glue(argv)

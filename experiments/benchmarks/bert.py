@@ -26,6 +26,7 @@ import os
 import resource
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Optional
 
 from models.transformers_bam import DEFAULT_MODEL, resolve_pretrained
@@ -98,8 +99,8 @@ def _in_fresh_process(function: Callable, arguments: tuple, environment: Optiona
     saved = dict(os.environ)
     os.environ.update(environment or {})
     try:
-        with multiprocessing.get_context("spawn").Pool(1) as pool:
-            return pool.apply(function, arguments)
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            return pool.submit(function, *arguments).result()
     finally:
         os.environ.clear()
         os.environ.update(saved)
