@@ -169,7 +169,7 @@ def prior_mean(layer, phi, keys, axis):
 
 
 def test_prior_over_all_nodes_is_one_distribution_over_the_graph_shared_by_every_target():
-    x, edge_index, _ = random_graph(num_nodes=12, num_edges=40)
+    _, edge_index, _ = random_graph(num_nodes=12, num_edges=40)
     keys = torch.randn(12, 3, 5)
     axis = EdgeKeys(edge_index, 12)
     phi = log_normalized(axis, torch.randn(40, 3))
