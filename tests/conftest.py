@@ -31,7 +31,7 @@ def cora(data_root):
 
 
 @pytest.fixture(scope="session")
-def tiny_bert(tmp_path_factory) -> Path:
+def tiny_bert_folder(tmp_path_factory) -> Path:
     """A folder holding a tiny randomly initialized BERT classifier beside the MiniLM tokenizer."""
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 

@@ -13,8 +13,8 @@ def test_gat_bench_prints_times_memory_and_ratios(capsys):
     assert abs(figures["time_ratio"] - figures["bam_ms"] / figures["gatconv_ms"]) < 0.01
 
 
-def test_bert_bench_prints_times_memory_and_ratios(capsys, tiny_bert):
-    bert.main(["--model", str(tiny_bert), "--batch", "2", "--length", "16", "--steps", "2", "--warmup", "0"])
+def test_bert_bench_prints_times_memory_and_ratios(capsys, tiny_bert_folder):
+    bert.main(["--model", str(tiny_bert_folder), "--batch", "2", "--length", "16", "--steps", "2", "--warmup", "0"])
     figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for key in ("soft_ms", "bam_ms", "soft_peak_mb", "bam_peak_mb"):
         assert figures[key] > 0, key

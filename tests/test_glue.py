@@ -110,13 +110,13 @@ def test_posterior_probs_vary_for_bam_only():
         assert set(metrics) == {"nll", "ece", "brier", "pavpu@0.05"} and 0 <= metrics["pavpu@0.05"] <= 100
 
 
-def test_glue_script_trains_scores_tabulates_and_skips_finished_runs(tmp_path, data_root, tiny_bert):
+def test_glue_script_trains_scores_tabulates_and_skips_finished_runs(tmp_path, data_root, tiny_bert_folder):
     """experiments.glue end to end on real RTE data with a tiny randomly initialized BERT saved
     beside the MiniLM tokenizer: both variants train, are scored on dev, side by side; asking
     again trains nothing."""
     from experiments.glue import main as glue
 
-    argv = ["--task", "rte", "--variant", "soft", "wc", "--seeds", "0", "--model", str(tiny_bert),
+    argv = ["--task", "rte", "--variant", "soft", "wc", "--seeds", "0", "--model", str(tiny_bert_folder),
             "--data-root", str(data_root), "--out", str(tmp_path / "glue"), "--max-train", "48", "--epochs", "1",
             "--max-length", "32", "--draws", "2", "--threads", "1", "--no-progress"]
     table = glue(argv)

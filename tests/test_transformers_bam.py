@@ -93,6 +93,21 @@ def test_elbo_without_unused_densities_gives_the_same_loss():
     assert torch.allclose(losses[0], losses[1])
 
 
+def test_prior_over_all_keys_is_the_per_query_prior_under_key_padding():
+    """BERT masks padded keys only, so one softmax over all keys is each query's softmax."""
+    per_query = build_sequence_model(tiny_bert(), 3, WC, ObjectiveConfig())
+    all_keys = build_sequence_model(tiny_bert(), 3, WC.replace(prior_scope="all_keys"), ObjectiveConfig())
+    all_keys.load_state_dict(per_query.state_dict())
+    ids, mask = padded_batch()
+    losses = []
+    for bam_model in (per_query, all_keys):
+        bam_model.train()
+        pyro.set_rng_seed(1)
+        guide = AttentionGuide(bam_model.model)
+        losses.append(TraceMeanField_ELBO().differentiable_loss(bam_model.model, guide, ids, mask, labels=torch.tensor([0, 1, 2])))
+    torch.testing.assert_close(losses[0], losses[1])
+
+
 def test_padding_changes_nothing_and_gets_zero_weight_and_kl():
     bam_model = build_sequence_model(tiny_bert(), 3, WC, ObjectiveConfig())
     ids, mask = padded_batch()
