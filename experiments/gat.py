@@ -23,7 +23,7 @@ from analysis.tables import paired_difference, summarize
 from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.training import EarlyStopping, SVITrainer, seed_everything
 from experiments.planetoid import NAMES, load_planetoid
-from experiments.runs import BAM_FIELDS, ResultsFile, add_contextual_prior_arguments, add_run_arguments
+from experiments.runs import BAM_FIELDS, ResultsFile, add_contextual_prior_arguments, add_run_arguments, given_overrides
 from guides import AttentionGuide
 from models.gat import NodeClassifier, build_node_classifier, validate_graph
 
@@ -187,7 +187,7 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     results = ResultsFile(out, ("dataset", "variant", "seed"))
-    overrides = {name: getattr(args, name) for name in OVERRIDES}
+    overrides = given_overrides(args, OVERRIDES)
     for dataset in args.dataset:
         data, num_features, num_classes = load_planetoid(dataset, args.data_root)
         for variant in args.variant:

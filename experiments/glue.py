@@ -37,7 +37,7 @@ from analysis.tables import paired_difference, summarize
 from bam_pyro import BamConfig, BayesianAttention, ObjectiveConfig, attention_sampling
 from bam_pyro.training import SVITrainer, seed_everything
 from experiments.glue_data import TASKS, Encoded, batches, encode, read_split, task_metrics
-from experiments.runs import BAM_FIELDS, ResultsFile, add_contextual_prior_arguments, add_run_arguments
+from experiments.runs import BAM_FIELDS, ResultsFile, add_contextual_prior_arguments, add_run_arguments, given_overrides
 from guides import AttentionGuide
 from models.transformers_bam import DEFAULT_MODEL, build_sequence_model, resolve_pretrained
 
@@ -259,7 +259,7 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     tokenizer = AutoTokenizer.from_pretrained(model)
     out = Path(args.out)
     results = ResultsFile(out, ("task", "variant", "seed"))
-    overrides = {name: getattr(args, name) for name in OVERRIDES}
+    overrides = given_overrides(args, OVERRIDES)
     for task in args.task:
         settings = [settings_for(task, v, s, model, overrides) for s in args.seeds for v in args.variant]  # paired by seed
         max_length, max_train, holdout = settings[0].max_length, settings[0].max_train, settings[0].holdout

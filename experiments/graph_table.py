@@ -24,7 +24,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 import numpy as np
 import pandas as pd
@@ -122,6 +122,16 @@ def attention_diagnostics(model: NodeClassifier, data, out: Path, args: argparse
     prior_posterior(idata, layers[-1], nodes[0], 0, out / "figures" / f"{name}-prior-posterior.png")
 
 
+def require_recorded_settings(files: Iterable[Path], settings: dict) -> None:
+    """Finished rows are reused only if they were run with ``settings``: raise, naming the
+    settings that differ, for any existing row file that was not."""
+    for file in filter(Path.exists, files):
+        differing = setting_differences(json.loads(file.read_text()), settings)
+        if differing:
+            raise ValueError(f"{file} holds a run with other or unrecorded settings: {'; '.join(differing)}. "
+                             "Choose another --out for the new settings.")
+
+
 def run_all(args: argparse.Namespace) -> None:
     out = Path(args.out)
     (out / "rows").mkdir(parents=True, exist_ok=True)
@@ -138,11 +148,7 @@ def run_all(args: argparse.Namespace) -> None:
                 first = seed == args.seeds[0]
                 files = {m: out / "rows" / f"{dataset}-{variant}-{seed}-{m.replace('+', '-')}.json" for m in modes_for(variant, first)}
                 settings = settings_for(dataset, variant, seed, {"max_epochs": args.max_epochs})
-                for file in filter(Path.exists, files.values()):
-                    differing = setting_differences(json.loads(file.read_text()), settings.row())
-                    if differing:
-                        raise ValueError(f"{file} holds a run with other or unrecorded settings: {'; '.join(differing)}. "
-                                         "Choose another --out for the new settings.")
+                require_recorded_settings(files.values(), settings.row())
                 diag = variant == "wc" and first and not (out / "diagnostics" / f"{dataset}-wc-diagnostics.json").exists()
                 if all(f.exists() for f in files.values()) and not diag:
                     continue

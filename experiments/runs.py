@@ -39,6 +39,11 @@ def add_contextual_prior_arguments(group: argparse._ArgumentGroup) -> None:
                        help="Psi is a softmax over each query's keys or over all keys (paper, reference code)")
 
 
+def given_overrides(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, object]:
+    """The command line's values of the overridable settings ``names`` (None: keep the preset)."""
+    return {name: getattr(args, name) for name in names}
+
+
 def _same_setting(recorded: object, asked: object) -> bool:
     """Equality of a setting read back from the CSV and one asked for (NaN is None, floats to 1e-9)."""
     if asked is None or (isinstance(asked, float) and math.isnan(asked)):

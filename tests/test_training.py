@@ -6,6 +6,7 @@ import torch
 from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.training import EarlyStopping, SVITrainer, seed_everything
 from experiments.gat import OVERRIDES, parse_args, settings_for, train_node_classifier
+from experiments.runs import given_overrides
 from guides import AttentionGuide
 from models.gat import build_node_classifier
 
@@ -84,7 +85,7 @@ def test_short_cora_run_learns(cora, variant):
 
 def test_gat_overrides_reach_the_config_and_the_row():
     args = parse_args(["--k", "10", "--detach-prior-keys", "--prior-scope", "all_keys"])
-    settings = settings_for("citeseer", "wc", seed=0, overrides={name: getattr(args, name) for name in OVERRIDES})
+    settings = settings_for("citeseer", "wc", seed=0, overrides=given_overrides(args, OVERRIDES))
     assert settings.config.k == 10.0 and settings.config.detach_prior_keys is True
     assert settings.config.prior_scope == "all_keys"
     assert settings.config.beta == 1e-15  # an option not given keeps the preset
