@@ -5,7 +5,8 @@ them: ``python -m experiments.collect glue runs/glue-rte runs/glue-mrpc --out
 runs/glue-all`` writes ``results.csv``, ``table.md`` (mean ± std per variant and the paired difference
 to soft) and ``paired.png`` (every seed's runs joined by a line). For a run present in several
 folders the later folder's row wins; runs of one task and variant that differ in a setting are an
-error, not a mean. ``--compare`` is for a sweep over settings instead: each distinct setting of a
+error, not a mean (a file with no column for a setting, from before it was recorded, is merged
+with a warning that names it). ``--compare`` is for a sweep over settings instead: each distinct setting of a
 task and variant is a row of its own (the settings that vary shown as columns, a blank recorded as
 "(not recorded)"), and no picture is drawn.
 """
@@ -13,6 +14,8 @@ task and variant is a row of its own (the settings that vary shown as columns, a
 from __future__ import annotations
 
 import argparse
+import logging
+from collections import defaultdict
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
@@ -22,6 +25,13 @@ from analysis.plots import paired_runs
 from analysis.tables import summarize
 from experiments import gat, glue
 from experiments.glue_data import TASKS
+from experiments.runs import same_setting
+
+
+log = logging.getLogger(__name__)
+
+#: temporary column: the folder a row was read from
+FOLDER = "_folder"
 
 
 class Kind(NamedTuple):
@@ -46,27 +56,53 @@ def setting_columns(results: pd.DataFrame, kind: Kind) -> list[str]:
     return [c for c in kind.settings if c in results and c not in (kind.panel, "variant", "seed")]
 
 
+def settings_disagreement(
+    runs: pd.DataFrame, settings: list[str], columns: dict[str, set[str]]
+) -> tuple[dict[str, list[str]], list[tuple[str, str]]]:
+    """For the runs of one task and variant (``columns``: each folder's file's columns): the
+    settings whose recorded values differ, and the (folder, setting) pairs taken as agreeing
+    because that folder's file has no column for the setting."""
+    mixed, assumed = {}, []
+    for name in settings:
+        recorded = runs[FOLDER].map(lambda folder: name in columns[folder])
+        values = runs.loc[recorded, name]
+        if any(not same_setting(value, values.iloc[0]) for value in values):
+            mixed[name] = sorted(set(map(str, values)))
+        elif recorded.any():
+            assumed += [(folder, name) for folder in runs.loc[~recorded, FOLDER].unique()]
+    return mixed, assumed
+
+
 def read_results(folders: list[Path], kind: Kind, compare: bool = False) -> pd.DataFrame:
     """The folders' rows, one per (task, variant, seed) or, with ``compare``, per (task, variant,
-    seed, settings). Without ``compare`` rows of one task and variant must share their settings (a
-    blank, from a file written before that setting was recorded, matches any)."""
-    frames = []
-    for folder in folders:
+    seed, settings). Without ``compare`` rows of one task and variant must share their settings
+    (a blank cell is a recorded None). A folder whose file has no column for a setting (written
+    before it was recorded) is merged as if it had the others' value, with a warning that names
+    the folder and the settings so assumed."""
+    frames = {}
+    for folder in map(str, folders):
         path = Path(folder) / "results.csv"
         if not path.is_file():
             raise FileNotFoundError(f"no results.csv in {folder}: not a run folder (or no run finished there yet)")
-        frames.append(pd.read_csv(path))
-    results = pd.concat(frames, ignore_index=True)
+        frames[folder] = pd.read_csv(path).assign(**{FOLDER: folder})
+    results = pd.concat(frames.values(), ignore_index=True)
     settings = setting_columns(results, kind)
     if compare:
-        return results.drop_duplicates([kind.panel, "variant", "seed", *settings], keep="last")
+        return results.drop_duplicates([kind.panel, "variant", "seed", *settings], keep="last").drop(columns=FOLDER)
     results = results.drop_duplicates([kind.panel, "variant", "seed"], keep="last")
+    columns = {folder: set(frame.columns) for folder, frame in frames.items()}
+    assumed = defaultdict(set)
     for (name, variant), runs in results.groupby([kind.panel, "variant"], sort=False):
-        mixed = {c: sorted(map(str, runs[c].dropna().unique())) for c in settings if runs[c].dropna().nunique() > 1}
+        mixed, assumptions = settings_disagreement(runs, settings, columns)
         if mixed:
             raise ValueError(f"the {name}/{variant} runs differ in their settings {mixed}: "
                              "they are not seeds of one experiment")
-    return results
+        for folder, setting in assumptions:
+            assumed[folder].add(setting)
+    for folder, names in assumed.items():
+        log.warning("%s does not record %s (its file predates them): its runs are merged as if they "
+                    "had the other folders' values", folder, ", ".join(sorted(names)))
+    return results.drop(columns=FOLDER)
 
 
 def compare_table(results: pd.DataFrame, kind: Kind) -> pd.DataFrame:

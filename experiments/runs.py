@@ -44,7 +44,7 @@ def given_overrides(args: argparse.Namespace, names: tuple[str, ...]) -> dict[st
     return {name: getattr(args, name) for name in names}
 
 
-def _same_setting(recorded: object, asked: object) -> bool:
+def same_setting(recorded: object, asked: object) -> bool:
     """Equality of a setting read back from the CSV and one asked for (NaN is None, floats to 1e-9)."""
     if asked is None or (isinstance(asked, float) and math.isnan(asked)):
         return pd.isna(recorded)
@@ -62,7 +62,7 @@ def setting_differences(recorded: Mapping[str, object], asked: Mapping[str, obje
     differing = []
     for name, value in asked.items():
         before = recorded.get(name, math.nan)
-        if not _same_setting(before, value):
+        if not same_setting(before, value):
             differing.append(f"{name}={'not recorded' if pd.isna(before) else before} (asked for {value})")
     return differing
 

@@ -118,6 +118,22 @@ def test_collect_refuses_to_average_different_settings(tmp_path):
         collect_main(["gat", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "all")])
 
 
+def test_collect_names_folders_whose_file_predates_a_setting(tmp_path, caplog):
+    files = {"old": [dict(seed=0, d_mid=1)],  # no rho column: written before rho was recorded
+             "new": [dict(seed=1, d_mid=1.0, rho=0.1)],  # 1.0 is the same setting as 1
+             "none": [dict(seed=2, d_mid=1, rho=None)]}  # a blank cell is a recorded None
+    for name, runs in files.items():
+        (tmp_path / name).mkdir()
+        pd.DataFrame([dict(dataset="cora", variant="wc", test_acc=80.0, val_acc=80.0, **r) for r in runs]).to_csv(
+            tmp_path / name / "results.csv", index=False)
+    with caplog.at_level("WARNING"):
+        collect_main(["gat", str(tmp_path / "old"), str(tmp_path / "new"), "--out", str(tmp_path / "all")])
+    assert f"{tmp_path / 'old'} does not record rho" in caplog.text
+    assert "new does not record" not in caplog.text
+    with pytest.raises(ValueError, match=r"differ in their settings \{'rho': \['0.1', 'nan'\]"):
+        collect_main(["gat", str(tmp_path / "new"), str(tmp_path / "none"), "--out", str(tmp_path / "all")])
+
+
 def test_collect_compare_keeps_each_setting_apart(tmp_path):
     rows = {"a": [dict(k=1.0, seed=s, val_acc=80.0 + s) for s in (0, 1)],
             "b": [dict(k=10.0, seed=0, val_acc=70.0), dict(k=10.0, seed=0, val_acc=72.0)],  # a rerun: last wins
