@@ -30,7 +30,8 @@ VARIANTS: dict[str, tuple[Optional[Family], Optional[PriorKind]]] = {
 }
 
 
-def _require_positive(name: str, value: float) -> None:
+def require_positive(name: str, value: float) -> None:
+    """A finite number > 0, or an error that names the setting."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
     if not math.isfinite(value) or value <= 0:
@@ -86,7 +87,7 @@ class BamConfig:
                 f"unknown BAM variant {self.variant!r}; expected one of {sorted(VARIANTS)}"
             )
         for name in ("k", "sigma_q", "sigma_p", "beta", "alpha"):
-            _require_positive(name, getattr(self, name))
+            require_positive(name, getattr(self, name))
         if not isinstance(self.mu_p, (int, float)) or not math.isfinite(self.mu_p):
             raise ValueError(f"mu_p must be a finite number, got {self.mu_p!r}")
         if self.gamma_shape not in GAMMA_SHAPES:
@@ -143,9 +144,9 @@ class ObjectiveConfig:
     def __post_init__(self) -> None:
         if self.reduction not in ("mean", "sum"):
             raise ValueError(f"reduction must be 'mean' or 'sum', got {self.reduction!r}")
-        _require_positive("kl_weight", self.kl_weight)
+        require_positive("kl_weight", self.kl_weight)
         if self.anneal_rate is not None:
-            _require_positive("anneal_rate", self.anneal_rate)
+            require_positive("anneal_rate", self.anneal_rate)
 
     def kl_annealing(self, step: int) -> float:
         """lambda_t = sigmoid(t * rho); never 0, so ``poutine.scale`` accepts it."""

@@ -21,9 +21,12 @@ import torch.nn.functional as F
 
 from analysis.tables import paired_difference, summarize
 from bam_pyro import BamConfig, ObjectiveConfig
+from bam_pyro.config import require_positive
 from bam_pyro.training import EarlyStopping, SVITrainer, seed_everything
 from experiments.planetoid import NAMES, load_planetoid
-from experiments.runs import BAM_FIELDS, ResultsFile, add_contextual_prior_arguments, add_run_arguments, given_overrides
+from experiments.runs import (
+    BAM_FIELDS, ResultsFile, add_contextual_prior_arguments, add_run_arguments, given_overrides, require_at_least,
+)
 from guides import AttentionGuide
 from models.gat import NodeClassifier, build_node_classifier, validate_graph
 
@@ -82,6 +85,11 @@ class RunSettings:
     dropout_per_head: bool
     max_epochs: int
     patience: int
+
+    def __post_init__(self) -> None:
+        require_positive("lr", self.lr)
+        require_at_least(0, weight_decay=self.weight_decay)
+        require_at_least(1, out_heads=self.out_heads, max_epochs=self.max_epochs, patience=self.patience)
 
     def row(self) -> dict[str, Any]:
         c = self.config

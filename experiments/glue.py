@@ -35,9 +35,12 @@ import torch
 from analysis.metrics import sample_metrics
 from analysis.tables import paired_difference, summarize
 from bam_pyro import BamConfig, BayesianAttention, ObjectiveConfig, attention_sampling
+from bam_pyro.config import require_positive
 from bam_pyro.training import SVITrainer, seed_everything
 from experiments.glue_data import TASKS, Encoded, batches, encode, read_split, task_metrics
-from experiments.runs import BAM_FIELDS, ResultsFile, add_contextual_prior_arguments, add_run_arguments, given_overrides
+from experiments.runs import (
+    BAM_FIELDS, ResultsFile, add_contextual_prior_arguments, add_run_arguments, given_overrides, require_at_least,
+)
 from guides import AttentionGuide
 from models.transformers_bam import DEFAULT_MODEL, build_sequence_model, resolve_pretrained
 
@@ -65,6 +68,14 @@ class RunSettings:
     max_length: int = 128
     max_train: Optional[int] = None
     holdout: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        require_positive("lr", self.lr)
+        require_at_least(0, weight_decay=self.weight_decay, warmup=self.warmup)
+        require_at_least(1, batch_size=self.batch_size, epochs=self.epochs, max_length=self.max_length,
+                         max_train=self.max_train, holdout=self.holdout)
+        if self.warmup >= 1:
+            raise ValueError(f"warmup is the fraction of steps spent warming up, < 1; got {self.warmup!r}")
 
     @property
     def scored_on(self) -> str:
@@ -251,6 +262,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     args = parse_args(argv)
+    require_at_least(0, draws=args.draws)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
 

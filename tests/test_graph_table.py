@@ -27,3 +27,9 @@ def test_uncertainty_table_figures_diagnostics_and_report_on_cora(tmp_path, data
 
     with pytest.raises(ValueError, match="max_epochs=3 \\(asked for 4\\)"):
         graph_table(argv(4))
+
+
+def test_invalid_sampling_options_are_named_before_any_training(tmp_path):
+    with pytest.raises(ValueError, match="chains must be a finite number >= 1, got 0"):
+        graph_table(["--chains", "0", "--out", str(tmp_path)])
+    assert not any(tmp_path.iterdir())  # refused before anything was written
