@@ -40,7 +40,7 @@ from bam_pyro.predictive import attention_site_names, predictive_draws
 from bam_pyro.training import seed_everything
 from experiments.gat import PAPER_ACCURACY, settings_for, train_node_classifier
 from experiments.planetoid import NAMES, load_planetoid
-from experiments.runs import require_at_least, setting_differences, settings_digest
+from experiments.runs import setting_differences, settings_digest, whole_number
 from models.gat import NodeClassifier
 
 VARIANTS = ["soft", "nokl", "lf", "lc", "wf", "wc"]
@@ -251,22 +251,20 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="default: every Planetoid graph whose data is present under the data root")
     p.add_argument("--variant", nargs="+", default=VARIANTS, choices=VARIANTS)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--samples", type=int, default=100, help="posterior draws M per run")
-    p.add_argument("--chunk", type=int, default=100, help="draws per vectorized pass (attention noise)")
-    p.add_argument("--dropout-chunk", type=int, default=10, help="draws per pass with MC dropout (inputs are copied per draw)")
-    p.add_argument("--chains", type=int, default=4, help="independent chains for the ArviZ diagnostics")
-    p.add_argument("--diag-nodes", type=int, default=3, help="test nodes whose attention is diagnosed")
-    p.add_argument("--max-epochs", type=int, default=None, help="training epochs at most (default: the preset's)")
+    p.add_argument("--samples", type=whole_number(1), default=100, help="posterior draws M per run")
+    p.add_argument("--chunk", type=whole_number(1), default=100, help="draws per vectorized pass (attention noise)")
+    p.add_argument("--dropout-chunk", type=whole_number(1), default=10, help="draws per pass with MC dropout (inputs are copied per draw)")
+    p.add_argument("--chains", type=whole_number(1), default=4, help="independent chains for the ArviZ diagnostics")
+    p.add_argument("--diag-nodes", type=whole_number(1), default=3, help="test nodes whose attention is diagnosed")
+    p.add_argument("--max-epochs", type=whole_number(1), default=None, help="training epochs at most (default: the preset's)")
     p.add_argument("--data-root", default=None)
     p.add_argument("--out", default="runs/graph")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=whole_number(1), default=1)
     return p.parse_args(argv)
 
 
 def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     args = parse_args(argv)
-    require_at_least(1, samples=args.samples, chunk=args.chunk, dropout_chunk=args.dropout_chunk, chains=args.chains,
-                     diag_nodes=args.diag_nodes, max_epochs=args.max_epochs)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

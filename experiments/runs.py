@@ -10,7 +10,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pandas as pd
@@ -21,13 +21,28 @@ from bam_pyro.config import GAMMA_SHAPES, PRIOR_SCOPES, VARIANTS, BamConfig
 BAM_FIELDS = tuple(f.name for f in dataclasses.fields(BamConfig) if f.name != "variant")
 
 
+def whole_number(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number >= ``minimum`` (the error names the option)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
 def add_run_arguments(parser: argparse.ArgumentParser, default_out: str, data_help: str) -> None:
     """--variant --seeds --data-root --out --threads --no-progress."""
     parser.add_argument("--variant", nargs="+", default=["soft", "wc"], choices=list(VARIANTS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--data-root", default=None, help=data_help)
     parser.add_argument("--out", default=default_out, help="output folder: results.csv, table.md, checkpoints/")
-    parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="torch CPU threads")
+    parser.add_argument("--threads", type=whole_number(1), default=min(2, os.cpu_count() or 1), help="torch CPU threads")
     parser.add_argument("--no-progress", action="store_true")
 
 

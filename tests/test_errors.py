@@ -5,6 +5,7 @@ import torch
 
 from bam_pyro import BamConfig, DenseKeys, EdgeKeys, MultiHeadBayesianAttention, ObjectiveConfig
 from bam_pyro.data import require_files
+from experiments.bench import main as bench_main
 from experiments.gat import main as gat_main
 from experiments.gat import settings_for as gat_settings
 from experiments.glue import settings_for as glue_settings
@@ -115,3 +116,9 @@ def test_a_missing_model_folder_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=f"no model folder at {tmp_path / 'minilm'}"):
         resolve_pretrained(str(tmp_path / "minilm"))
     assert resolve_pretrained("albert-base-v2") == "albert-base-v2"  # a hub name is passed on
+
+
+def test_invalid_benchmark_sizes_are_named(capsys):
+    with pytest.raises(SystemExit):
+        bench_main(["gat", "--nodes", "100", "--edges", "0"])
+    assert "argument --edges: must be at least 1, got 0" in capsys.readouterr().err

@@ -29,7 +29,9 @@ def test_uncertainty_table_figures_diagnostics_and_report_on_cora(tmp_path, data
         graph_table(argv(4))
 
 
-def test_invalid_sampling_options_are_named_before_any_training(tmp_path):
-    with pytest.raises(ValueError, match="chains must be a finite number >= 1, got 0"):
-        graph_table(["--chains", "0", "--out", str(tmp_path)])
+def test_invalid_sampling_options_are_named_before_any_training(tmp_path, capsys):
+    for option, value, message in (("--chains", "0", "must be at least 1, got 0"), ("--samples", "ten", "expected a whole number")):
+        with pytest.raises(SystemExit):
+            graph_table([option, value, "--out", str(tmp_path)])
+        assert f"argument {option}: {message}" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # refused before anything was written

@@ -29,6 +29,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Optional
 
+from experiments.runs import whole_number
 from models.transformers_bam import DEFAULT_MODEL, resolve_pretrained
 
 def _rss_mb() -> float:
@@ -109,11 +110,11 @@ def _in_fresh_process(function: Callable, arguments: tuple, environment: Optiona
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="python -m experiments.bench bert", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=DEFAULT_MODEL, help="local folder or hub name (default: the MiniLM package)")
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--length", type=int, default=128)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument("--batch", type=whole_number(1), default=16)
+    p.add_argument("--length", type=whole_number(1), default=128)
+    p.add_argument("--steps", type=whole_number(1), default=10)
+    p.add_argument("--warmup", type=whole_number(0), default=2)
+    p.add_argument("--threads", type=whole_number(1), default=1, help="torch threads per process")
     p.add_argument("--k", type=float, default=10.0, help="Weibull shape of BAM-WC")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

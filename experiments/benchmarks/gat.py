@@ -34,6 +34,7 @@ from torch_geometric.nn import GATConv
 from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.training import SVITrainer
 from experiments.gat import TRAINING
+from experiments.runs import whole_number
 from guides import AttentionGuide
 from models.gat import build_node_classifier
 
@@ -128,11 +129,11 @@ def worker(args: argparse.Namespace) -> dict:
 
 def main(argv: Optional[list[str]] = None) -> None:
     p = argparse.ArgumentParser(prog="python -m experiments.bench gat", description=__doc__.split("\n\n")[0])
-    p.add_argument("--nodes", type=int, default=None)
-    p.add_argument("--edges", type=int, default=None)
-    p.add_argument("--features", type=int, default=128, help="feature width of a random graph")
-    p.add_argument("--steps", type=int, default=None, help="timed steps (default 100 on Cora, 5 on a given size)")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--nodes", type=whole_number(1), default=None)
+    p.add_argument("--edges", type=whole_number(1), default=None)
+    p.add_argument("--features", type=whole_number(1), default=128, help="feature width of a random graph")
+    p.add_argument("--steps", type=whole_number(1), default=None, help="timed steps (default 100 on Cora, 5 on a given size)")
+    p.add_argument("--threads", type=whole_number(1), default=2)
     p.add_argument("--data-root", default=None)
     p.add_argument("--dropout-per-head", action=argparse.BooleanOptionalAction, default=TRAINING["cora"]["dropout_per_head"],
                    help="this project's GATs drop inputs with a mask per head (the Cora preset's setting)")
@@ -153,8 +154,10 @@ def main(argv: Optional[list[str]] = None) -> None:
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536") if measure == "memory" else None
         out = subprocess.run(
             [sys.executable, "-m", "experiments.benchmarks.gat", *passthrough, "--worker", name, "--measure", measure],
-            check=True, capture_output=True, text=True, env=env,
+            capture_output=True, text=True, env=env,
         )
+        if out.returncode != 0:
+            raise RuntimeError(f"the {measure} measurement of {name} failed:\n{out.stderr.strip()}")
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     timed = run_worker("all", "time")

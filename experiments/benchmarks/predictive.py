@@ -22,6 +22,7 @@ import torch
 from bam_pyro.predictive import attention_site_names, predictive_draws
 from experiments.gat import settings_for, train_node_classifier
 from experiments.planetoid import load_planetoid
+from experiments.runs import whole_number
 
 
 def _rss_mb(field: str) -> float:
@@ -34,10 +35,10 @@ def _rss_mb(field: str) -> float:
 
 def main(argv: Optional[list[str]] = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--samples", type=int, default=100)
-    p.add_argument("--chunk", type=int, default=100)
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats; the fastest is reported")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--samples", type=whole_number(1), default=100)
+    p.add_argument("--chunk", type=whole_number(1), default=100)
+    p.add_argument("--repeats", type=whole_number(1), default=3, help="timed repeats; the fastest is reported")
+    p.add_argument("--threads", type=whole_number(1), default=1)
     p.add_argument("--data-root", default=None)
     p.add_argument("--checkpoint", type=Path, default=Path("runs/bench/cora-wc-0.pt"))
     args = p.parse_args(argv)
