@@ -7,8 +7,8 @@ to soft) and ``paired.png`` (every seed's runs joined by a line). For a run pres
 folders the later folder's row wins; runs of one task and variant that differ in a setting are an
 error, not a mean (a file with no column for a setting, from before it was recorded, is merged
 with a warning that names it). ``--compare`` is for a sweep over settings instead: each distinct setting of a
-task and variant is a row of its own (the settings that vary shown as columns, a blank recorded as
-"(not recorded)"), and no picture is drawn.
+task and variant is a row of its own (the settings that vary shown as columns: a blank cell as
+"None", a file with no column for the setting as "(not recorded)"), and no picture is drawn.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 #: temporary column: the folder a row was read from
 FOLDER = "_folder"
+#: a --compare table's value of a setting whose folder's file has no column for it
+NOT_RECORDED = "(not recorded)"
 
 
 class Kind(NamedTuple):
@@ -88,6 +90,10 @@ def read_results(folders: list[Path], kind: Kind, compare: bool = False) -> pd.D
     results = pd.concat(frames.values(), ignore_index=True)
     settings = setting_columns(results, kind)
     if compare:
+        for folder, frame in frames.items():
+            missing = [c for c in settings if c not in frame]
+            results = results.astype({c: object for c in missing})
+            results.loc[results[FOLDER] == folder, missing] = NOT_RECORDED
         return results.drop_duplicates([kind.panel, "variant", "seed", *settings], keep="last").drop(columns=FOLDER)
     results = results.drop_duplicates([kind.panel, "variant", "seed"], keep="last")
     columns = {folder: set(frame.columns) for folder, frame in frames.items()}
@@ -112,7 +118,7 @@ def compare_table(results: pd.DataFrame, kind: Kind) -> pd.DataFrame:
     per_run = results.groupby([kind.panel, "variant"], sort=False)
     varying = [c for c in settings if per_run[c].nunique(dropna=False).gt(1).any()]
     shown = results.astype({c: object for c in varying})
-    shown[varying] = shown[varying].where(shown[varying].notna(), "(not recorded)")
+    shown[varying] = shown[varying].where(shown[varying].notna(), "None")
     tables = [summarize(runs, [kind.panel, "variant", *varying], kind.compared(runs, name))
               for name, runs in shown.groupby(kind.panel, sort=False)]
     return pd.concat(tables).fillna("").reset_index()

@@ -137,7 +137,8 @@ def test_collect_names_folders_whose_file_predates_a_setting(tmp_path, caplog):
 def test_collect_compare_keeps_each_setting_apart(tmp_path):
     rows = {"a": [dict(k=1.0, seed=s, val_acc=80.0 + s) for s in (0, 1)],
             "b": [dict(k=10.0, seed=0, val_acc=70.0), dict(k=10.0, seed=0, val_acc=72.0)],  # a rerun: last wins
-            "c": [dict(k=None, seed=0, val_acc=60.0)]}  # a file from before k was recorded
+            "c": [dict(k=None, seed=0, val_acc=60.0)],  # a blank cell: k recorded as None
+            "d": [dict(seed=0, val_acc=50.0)]}  # a file from before k was recorded
     for name, runs in rows.items():
         (tmp_path / name).mkdir()
         pd.DataFrame([dict(dataset="cora", variant="wc", beta=1e-10, test_acc=1.0, **r) for r in runs]).to_csv(
@@ -147,5 +148,6 @@ def test_collect_compare_keeps_each_setting_apart(tmp_path):
     by_k = table.set_index("k")
     assert by_k.loc[1.0, "val_acc"] == "80.50 ± 0.71" and by_k.loc[1.0, "n"] == 2
     assert by_k.loc[10.0, "val_acc"] == "72.00"
-    assert by_k.loc["(not recorded)", "val_acc"] == "60.00"
+    assert by_k.loc["None", "val_acc"] == "60.00"
+    assert by_k.loc["(not recorded)", "val_acc"] == "50.00"
     assert not (tmp_path / "all" / "paired.png").exists()
