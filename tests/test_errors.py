@@ -116,6 +116,7 @@ def test_a_missing_model_folder_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=f"no model folder at {tmp_path / 'minilm'}"):
         resolve_pretrained(str(tmp_path / "minilm"))
     assert resolve_pretrained("albert-base-v2") == "albert-base-v2"  # a hub name is passed on
+    assert resolve_pretrained(str(tmp_path)) == str(tmp_path)
 
 
 def test_invalid_benchmark_sizes_are_named(capsys):
