@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from experiments.benchmarks import bert, gat
 
 
@@ -11,6 +13,12 @@ def test_gat_bench_prints_times_memory_and_ratios(capsys):
     for key in ("gatconv_ms", "soft_ms", "bam_ms", "time_ratio", "gatconv_peak_mb", "bam_peak_mb", "mem_ratio"):
         assert figures[key] >= 0, key
     assert abs(figures["time_ratio"] - figures["bam_ms"] / figures["gatconv_ms"]) < 0.01
+
+
+def test_gat_bench_raises_its_measuring_process_error(tmp_path):
+    """Missing data is named, not replaced by a random graph; the error crosses the process boundary."""
+    with pytest.raises(FileNotFoundError, match=r"Planetoid Cora: missing ind\.cora\.x"):
+        gat.main(["--data-root", str(tmp_path), "--steps", "1", "--threads", "1", "--models", "soft"])
 
 
 def test_bert_bench_prints_times_memory_and_ratios(capsys, tiny_bert_folder):

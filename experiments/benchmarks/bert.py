@@ -5,13 +5,10 @@
 Prints one JSON line: median SVI step time (``soft_ms``, ``bam_ms``, ``time_ratio``) and peak
 memory (``soft_peak_mb``, ``bam_peak_mb``, ``mem_ratio``). Times come from one fresh process where
 both models take their steps in turn (so that both see the same machine conditions); memory from
-one fresh process per variant, so that a process's peak resident memory is its own. Those run with
-glibc handing every block of 64 KiB or more straight back to the OS (``MALLOC_MMAP_THRESHOLD_``, as
-in ``experiments.bench gat``), so that resident memory follows live tensors rather than the
-allocator's cache; the peak reported is the peak resident set during setup and two training steps
-minus the resident set right after the imports, i.e. the memory of the model, the optimizer and
-the training step (``*_rss_mb`` give the raw process peaks). That setting slows allocation down,
-which is why the times come from another process.
+one fresh process per variant that returns freed blocks to the OS (as in ``experiments.bench gat``,
+see :mod:`experiments.benchmarks.process`). The peak reported is the peak resident set during setup
+and two training steps minus the resident set right after the imports, i.e. the memory of the
+model, the optimizer and the training step (``*_rss_mb`` give the peaks themselves).
 The soft model is the unmodified transformers model (its default attention); BAM-WC swaps in
 Bayesian attention through :func:`models.transformers_bam.to_bam`. Both train with
 :class:`~bam_pyro.training.SVITrainer`'s default ELBO, as ``experiments.glue`` does.
@@ -21,27 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
-import resource
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Optional
 
+from experiments.benchmarks.process import RETURN_FREED_BLOCKS, in_fresh_process, reset_peak, resident_mb
 from experiments.runs import whole_number
 from models.transformers_bam import DEFAULT_MODEL, resolve_pretrained
-
-def _rss_mb() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("VmRSS not found in /proc/self/status")
-
-
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
 
 
 def _training_step(variant: str, model: str, batch: int, length: int, k: float) -> Callable[[], float]:
@@ -88,23 +72,13 @@ def measure_memory(variant: str, model: str, batch: int, length: int, threads: i
     import torch
 
     torch.set_num_threads(threads)
-    base = _rss_mb()
+    base = resident_mb()
+    reset_peak()
     training_step = _training_step(variant, model, batch, length, k)
     for _ in range(2):
         training_step()
-    return {"peak_mb": _peak_rss_mb() - base, "rss_mb": _peak_rss_mb()}
-
-
-def _in_fresh_process(function: Callable, arguments: tuple, environment: Optional[dict[str, str]] = None) -> Any:
-    """``function(*arguments)`` in a new process started with ``environment`` added to this one's."""
-    saved = dict(os.environ)
-    os.environ.update(environment or {})
-    try:
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            return pool.submit(function, *arguments).result()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    peak = resident_mb("VmHWM")
+    return {"peak_mb": peak - base, "rss_mb": peak}
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
@@ -119,10 +93,10 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model = resolve_pretrained(args.model)
-    ms = _in_fresh_process(measure_time, (["soft", "wc"], model, args.batch, args.length, args.steps, args.warmup, args.threads, args.k))
+    ms = in_fresh_process(measure_time, (["soft", "wc"], model, args.batch, args.length, args.steps, args.warmup, args.threads, args.k))
     soft, bam = (
-        {"ms": ms[variant], **_in_fresh_process(measure_memory, (variant, model, args.batch, args.length, args.threads, args.k),
-                                                {"MALLOC_MMAP_THRESHOLD_": "65536"})}
+        {"ms": ms[variant], **in_fresh_process(measure_memory, (variant, model, args.batch, args.length, args.threads, args.k),
+                                                RETURN_FREED_BLOCKS)}
         for variant in ("soft", "wc")
     )
     result = {

@@ -20,17 +20,10 @@ from typing import Optional
 import torch
 
 from bam_pyro.predictive import attention_site_names, predictive_draws
+from experiments.benchmarks.process import reset_peak, resident_mb
 from experiments.gat import settings_for, train_node_classifier
 from experiments.planetoid import load_planetoid
 from experiments.runs import whole_number
-
-
-def _rss_mb(field: str) -> float:
-    """``VmRSS`` / ``VmHWM`` of this process in MB (Linux)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def main(argv: Optional[list[str]] = None) -> dict:
@@ -54,8 +47,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
         torch.save(model.state_dict(), args.checkpoint)
     layers = attention_site_names(model)
     times, cpu = [], []
-    base = _rss_mb("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # reset the peak RSS counter
+    base = resident_mb()
+    reset_peak()
     for _ in range(args.repeats):
         start, cpu_start = time.perf_counter(), time.process_time()
         with torch.no_grad():
@@ -68,7 +61,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
         samples=args.samples, chunk=args.chunk, layers=layers, threads=args.threads,
         seconds=round(min(times), 3), seconds_all=[round(t, 3) for t in times],
         cpu_seconds=round(min(cpu), 3),
-        peak_mb=round(_rss_mb("VmHWM") - base, 1), load_avg_1min=os.getloadavg()[0],
+        peak_mb=round(resident_mb("VmHWM") - base, 1), load_avg_1min=os.getloadavg()[0],
     )
     print(json.dumps(result))
     return result
