@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from experiments.benchmarks import bert, gat
+from experiments.benchmarks import bert, gat, predictive
 
 
 def test_gat_bench_prints_times_memory_and_ratios(capsys):
@@ -28,3 +28,18 @@ def test_bert_bench_prints_times_memory_and_ratios(capsys, tiny_bert_folder):
         assert figures[key] > 0, key
     assert abs(figures["time_ratio"] - figures["bam_ms"] / figures["soft_ms"]) < 0.01
     assert abs(figures["mem_ratio"] - figures["bam_peak_mb"] / figures["soft_peak_mb"]) < 0.01
+
+
+def test_predictive_bench_samples_a_saved_model_in_a_fresh_process(tmp_path, cora, data_root):
+    import torch
+
+    from experiments.gat import settings_for
+
+    data, num_features, num_classes = cora
+    checkpoint = tmp_path / "wc.pt"
+    torch.save(settings_for("cora", "wc", 0, {}).build_model(num_features, num_classes).state_dict(), checkpoint)
+    figures = predictive.main(["--samples", "3", "--chunk", "2", "--repeats", "2", "--data-root", str(data_root),
+                               "--checkpoint", str(checkpoint)])
+    assert figures["nodes"] == data.num_nodes and len(figures["seconds_all"]) == 2
+    assert figures["layers"] == ["conv1.attention", "conv2.attention"]
+    assert figures["peak_mb"] > 0
