@@ -15,7 +15,8 @@ reported, so nothing is tuned or early-stopped on it: the final epoch's model is
 ``--holdout N`` trains on the rest of the training set and scores on N training examples held
 out by a fixed permutation (columns ``heldout_*`` instead of ``dev_*``).
 Classification runs also report uncertainty metrics (NLL, ECE, Brier, PAvPU at p < 0.05, from
-``analysis.metrics``) of ``--draws`` posterior samples of the attention.
+``analysis.metrics``) of ``--draws`` posterior samples of the attention (0: none; recorded with
+the run's settings, since the metrics depend on it).
 Rows already in ``<out>/results.csv`` are skipped; an interrupted run resumes from its checkpoint.
 """
 
@@ -69,14 +70,18 @@ class RunSettings:
     max_length: int = 128
     max_train: Optional[int] = None
     holdout: Optional[int] = None
+    #: posterior samples for the uncertainty metrics (0: none); None for regression, which has none
+    draws: Optional[int] = 10
 
     def __post_init__(self) -> None:
         require_positive("lr", self.lr)
-        require_at_least(0, weight_decay=self.weight_decay, warmup=self.warmup)
+        require_at_least(0, weight_decay=self.weight_decay, warmup=self.warmup, draws=self.draws)
         require_at_least(1, batch_size=self.batch_size, epochs=self.epochs, max_length=self.max_length,
                          max_train=self.max_train, holdout=self.holdout)
         if self.warmup >= 1:
             raise ValueError(f"warmup is the fraction of steps spent warming up, < 1; got {self.warmup!r}")
+        if self.draws == 1:
+            raise ValueError("draws must be 0 (no uncertainty metrics) or at least 2 (PAvPU's t-test), got 1")
 
     @property
     def scored_on(self) -> str:
@@ -90,13 +95,15 @@ class RunSettings:
             **{f: getattr(c, f) for f in BAM_FIELDS}, att_kl=self.objective.kl_weight,
             rho=self.objective.anneal_rate, lr=self.lr, weight_decay=self.weight_decay, warmup=self.warmup,
             batch_size=self.batch_size, epochs=self.epochs, max_length=self.max_length, max_train=self.max_train,
-            holdout=self.holdout,
+            holdout=self.holdout, draws=self.draws,
         )
 
 
 def settings_for(task: str, variant: str, seed: int, model: str, overrides: dict[str, Any]) -> RunSettings:
     """The paper's BAM settings for ``task`` with the non-None ``overrides`` applied."""
     given = {k: v for k, v in overrides.items() if v is not None}
+    if TASKS[task].is_regression:
+        given["draws"] = None  # no class probabilities, no uncertainty metrics
     bam = {"k": PAPER_K.get(task, 100.0), "beta": 1e-2, "d_mid": 5, "detach_prior_keys": True}
     bam.update({f: given.pop(f) for f in BAM_FIELDS if f in given})
     objective = ObjectiveConfig(kl_weight=given.pop("att_kl", 1.0), anneal_rate=given.pop("rho", None))
@@ -131,16 +138,20 @@ def score_metrics(task: str, outputs: np.ndarray, labels: np.ndarray) -> dict[st
 UNCERTAINTY = ("nll", "ece", "brier", "pavpu@0.05")
 
 
-def posterior_probs(network: torch.nn.Module, data: Encoded, batch_size: int, pad_id: int, draws: int) -> np.ndarray:
+def posterior_probs(
+    network: torch.nn.Module, data: Encoded, batch_size: int, pad_id: int, draws: int,
+) -> tuple[np.ndarray, np.ndarray]:
     """Class probabilities ``[draws, n, classes]`` with every attention drawn from q (eval mode, so
-    no dropout). transformers' modules cannot carry the extra sample dimension of Pyro's vectorized
-    ``Predictive``, so each draw is one pass. A network without stochastic attention (soft) is a
-    point mass: one pass, repeated."""
+    no dropout), and the labels in their order. transformers' modules cannot carry the extra sample
+    dimension of Pyro's vectorized ``Predictive``, so each draw is one pass. A network without
+    stochastic attention (soft) is a point mass: one pass, repeated."""
     stochastic = any(isinstance(m, BayesianAttention) and m.config.stochastic for m in network.modules())
+    samples = []
     with attention_sampling():
-        samples = [torch.softmax(torch.as_tensor(predict(network, data, batch_size, pad_id)[0]), -1).numpy()
-                   for _ in range(draws if stochastic else 1)]
-    return np.stack(samples if stochastic else samples * 2)
+        for _ in range(draws if stochastic else 1):
+            outputs, labels = predict(network, data, batch_size, pad_id)
+            samples.append(torch.softmax(torch.as_tensor(outputs), -1).numpy())
+    return np.stack(samples if stochastic else samples * 2), labels
 
 
 def uncertainty_metrics(samples: np.ndarray, labels: np.ndarray) -> dict[str, float]:
@@ -152,11 +163,11 @@ def uncertainty_metrics(samples: np.ndarray, labels: np.ndarray) -> dict[str, fl
 
 def train_glue(
     settings: RunSettings, train: Encoded, scored: Encoded, pad_id: int,
-    checkpoint: Optional[Path] = None, progress: bool = True, draws: int = 10,
+    checkpoint: Optional[Path] = None, progress: bool = True,
 ) -> dict[str, Any]:
     """Finetune one model; returns its result row: metrics on ``scored`` (the dev or held-out split,
     ``settings.scored_on``) of the final model's posterior-mean prediction and, for classification
-    with ``draws`` > 0, uncertainty metrics of ``draws`` posterior samples."""
+    with ``settings.draws`` > 0, uncertainty metrics of that many posterior samples."""
     seed_everything(settings.seed)
     spec = TASKS[settings.task]
     bam_model = build_sequence_model(settings.model, spec.num_labels, settings.config, settings.objective)
@@ -184,10 +195,9 @@ def train_glue(
     final = result.history[-1]
     row = {**settings.row(), **{k: v for k, v in final.items() if k.startswith(f"{prefix}_")},
            "train_loss": final["loss"], "seconds": round(result.seconds, 1)}
-    if draws > 0 and not spec.is_regression:
-        samples = posterior_probs(bam_model.network, scored, settings.batch_size, pad_id, draws)
-        labels = predict(bam_model.network, scored, settings.batch_size, pad_id)[1]
-        row.update({f"{prefix}_{k}": v for k, v in uncertainty_metrics(samples, labels).items()}, draws=draws)
+    if settings.draws:
+        samples, labels = posterior_probs(bam_model.network, scored, settings.batch_size, pad_id, settings.draws)
+        row.update({f"{prefix}_{k}": v for k, v in uncertainty_metrics(samples, labels).items()})
     return row
 
 
@@ -238,8 +248,16 @@ def side_by_side(results: pd.DataFrame) -> pd.DataFrame:
 
 OVERRIDES = (
     "k", "beta", "gamma_shape", "prior_scope", "d_mid", "detach_prior_keys", "att_kl", "rho", "lr", "weight_decay",
-    "batch_size", "epochs", "warmup", "max_length", "max_train", "holdout",
+    "batch_size", "epochs", "warmup", "max_length", "max_train", "holdout", "draws",
 )
+
+
+def draw_count(text: str) -> int:
+    """argparse ``type`` of --draws: 0 or at least 2, refused before training rather than after it."""
+    draws = whole_number(0)(text)
+    if draws == 1:
+        raise argparse.ArgumentTypeError("must be 0 (no uncertainty metrics) or at least 2 (PAvPU's t-test), got 1")
+    return draws
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -247,7 +265,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--task", nargs="+", default=["rte"], choices=sorted(TASKS))
     add_run_arguments(p, "runs/glue", "data root holding glue/<TASK>/{train,dev}.tsv (default: $BAM_DATA or ../shared/data)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="local folder or hub name (default: the MiniLM package)")
-    p.add_argument("--draws", type=whole_number(0), default=10, help="posterior samples for the uncertainty metrics (0: none)")
+    p.add_argument("--draws", type=draw_count, default=RunSettings.draws,
+                   help="posterior samples for the uncertainty metrics of classification tasks (0: none)")
     g = p.add_argument_group("overrides (default: paper's BAM settings; lr 5e-5, batch 16, 3 epochs, length 128)")
     for name in ("k", "beta", "att_kl", "rho", "lr", "weight_decay", "warmup"):
         g.add_argument(f"--{name.replace('_', '-')}", type=float, default=None)
@@ -282,8 +301,7 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
             if results.has(run.row()):
                 continue
             start = time.perf_counter()
-            row = train_glue(run, train, scored, tokenizer.pad_token_id, results.checkpoint(run.row()),
-                             not args.no_progress, args.draws)
+            row = train_glue(run, train, scored, tokenizer.pad_token_id, results.checkpoint(run.row()), not args.no_progress)
             prefix = f"{run.scored_on}_"
             scores = ", ".join(f"{k[len(prefix):]} {v:.3g}" for k, v in row.items() if k.startswith(prefix))
             print(f"{task:5s} {run.variant:5s} seed {run.seed}: {scores} ({time.perf_counter() - start:.0f}s)", flush=True)

@@ -10,6 +10,8 @@ of an attention module is its own Pyro sample site: ALBERT's shared layer, calle
 ``...bam_attention``, ``...bam_attention#2`` ... ``#12``, each with its own KL.
 
 Padding: masked keys get zero weight and, with padded queries, zero KL (see :class:`SequenceKeys`).
+Causal models (Llama-style, grouped-query attention included) get their causal mask always
+built (:func:`bam_mask`).
 In eval mode the attention is the posterior mean, which equals the pretrained softmax attention.
 """
 
@@ -76,8 +78,9 @@ def bam_attention_forward(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[Tensor, Tensor]:
-    """transformers attention function: query/key/value ``[B, H, L, d]`` -> output ``[B, L, H, d]``
-    and weights ``[B, H, Lq, Lk]``, with the weights drawn by the module's Bayesian attention."""
+    """transformers attention function: query ``[B, H, L, d]``, key/value ``[B, H or fewer, L, d]``
+    -> output ``[B, L, H, d]`` and weights ``[B, H, Lq, Lk]``, with the weights drawn by the
+    module's Bayesian attention."""
     bam = getattr(module, BAM_ATTRIBUTE, None)
     if bam is None:
         raise RuntimeError(
@@ -86,17 +89,28 @@ def bam_attention_forward(
         )
     if scaling is None:
         scaling = query.size(-1) ** -0.5
+    if key.size(1) != query.size(1):  # grouped-query attention: each key/value head serves a group of query heads
+        groups = query.size(1) // key.size(1)
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scores = torch.matmul(query * scaling, key.transpose(-1, -2))  # scaled before: 4x fewer entries
     weights = bam(scores, key.transpose(1, 2), SequenceKeys(attention_mask, query.size(0)))
     weights = F.dropout(weights, p=dropout, training=module.training)
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
+def bam_mask(*args: Any, **kwargs: Any) -> Optional[Tensor]:
+    """transformers' sdpa mask (boolean, True = attend), always built for causal attention. sdpa
+    may return None for a causal mask without padding and leave causality to its kernel's
+    ``is_causal``; Bayesian attention reads None as "every key is valid", so the model would look
+    ahead. (None for bidirectional attention without padding is right and stays.)"""
+    return sdpa_mask(*args, **{**kwargs, "allow_is_causal_skip": False})
+
+
 def register_bam_attention() -> None:
-    """Make ``attn_implementation="bam"`` known to transformers (idempotent). Masks are built as
-    for sdpa: boolean, True = attend."""
+    """Make ``attn_implementation="bam"`` known to transformers (idempotent), with :func:`bam_mask`
+    as its mask function."""
     AttentionInterface.register(ATTN_IMPLEMENTATION, bam_attention_forward)
-    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, bam_mask)
 
 
 def _head_geometry(module: nn.Module) -> Optional[tuple[int, int]]:

@@ -5,7 +5,9 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.glue import holdout_split, linear_schedule, settings_for, side_by_side, subset
+from experiments.glue import (
+    holdout_split, linear_schedule, parse_args, score_metrics, settings_for, side_by_side, subset, uncertainty_metrics,
+)
 from experiments.glue_data import TASKS, Encoded, batches, matthews, read_split, task_metrics
 
 SIZES = {"rte": (2490, 277), "mrpc": (3668, 408), "cola": (8551, 1043), "stsb": (5749, 1500), "sst2": (67349, 872)}
@@ -40,9 +42,32 @@ def test_metrics_on_known_cases():
     # MCC = (tp*tn - fp*fn) / sqrt(...) with tp=2, tn=1, fp=1, fn=1
     assert task_metrics("cola", pred, label)["matthews"] == pytest.approx(100 * (2 - 1) / np.sqrt(3 * 3 * 2 * 2))
     assert matthews(np.ones(4, int), np.array([0, 1, 0, 1])) == 0.0  # constant predictor
+    assert matthews(np.array([1, 0, 1, 0]), np.array([0, 1, 0, 1])) == pytest.approx(-1.0)  # always wrong
     sts = task_metrics("stsb", np.array([0.1, 0.4, 0.2, 3.0]), np.array([1.0, 3.0, 2.0, 4.0]))
     assert sts["spearman"] == pytest.approx(100.0)
     assert 0 < sts["pearson"] < 100
+
+
+def test_scores_predict_the_top_class_and_uncertainty_is_in_percent():
+    outputs = np.array([[2.0, 1.0], [0.0, 3.0], [1.0, 0.0], [5.0, 4.0]])
+    assert score_metrics("rte", outputs, np.array([0, 1, 1, 0])) == {"accuracy": 75.0}  # the lowest class: 25
+    # two identical draws, 0.8 on class 0 for both items, one of them right: ECE |0.5 - 0.8|; the
+    # t-test finds both certain, so PAvPU is the accuracy
+    samples = np.tile([[0.8, 0.2]], (2, 2, 1))
+    metrics = uncertainty_metrics(samples, np.array([0, 1]))
+    assert metrics["ece"] == pytest.approx(30.0) and metrics["pavpu@0.05"] == pytest.approx(50.0)
+    assert metrics["nll"] == pytest.approx(-(np.log(0.8) + np.log(0.2)) / 2)
+
+
+def test_draws_are_zero_or_at_least_two_and_recorded_for_classification_only(capsys):
+    assert parse_args(["--draws", "0"]).draws == 0 and parse_args(["--draws", "2"]).draws == 2
+    with pytest.raises(SystemExit):
+        parse_args(["--draws", "1"])
+    assert "--draws: must be 0" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="draws must be 0"):
+        settings_for("rte", "wc", 0, "model", {"draws": 1})
+    assert settings_for("rte", "wc", 0, "model", {"draws": 5}).row()["draws"] == 5
+    assert settings_for("stsb", "wc", 0, "model", {"draws": 5}).row()["draws"] is None  # regression: no uncertainty
 
 
 def test_batches_pad_per_batch_and_cover_everything():
@@ -103,17 +128,42 @@ def test_posterior_probs_vary_for_bam_only():
     data = Encoded([list(range(5, 5 + n)) for n in lengths], [[0] * n for n in lengths], torch.tensor([0, 1, 1, 0]))
     for variant in ("soft", "wc"):
         model = build_sequence_model(BertForSequenceClassification(config), 2, BamConfig(variant, k=5.0), ObjectiveConfig())
-        samples = posterior_probs(model.network, data, 2, 0, draws=4)
+        samples, labels = posterior_probs(model.network, data, 2, 0, draws=4)
         assert samples.shape == ((2 if variant == "soft" else 4), 4, 2)
+        assert labels.tolist() == [1, 0, 0, 1]  # in the order of the samples (by length), not of the data
         assert (samples.std(0).max() > 0) == (variant == "wc")
-        metrics = uncertainty_metrics(samples, np.array([0, 1, 1, 0]))
+        metrics = uncertainty_metrics(samples, labels)
         assert set(metrics) == {"nll", "ece", "brier", "pavpu@0.05"} and 0 <= metrics["pavpu@0.05"] <= 100
+
+
+def test_training_epochs_are_shuffled_differently_and_reproducibly(monkeypatch, tiny_bert_folder):
+    """The training batches' order per epoch, read off the batches train_glue draws."""
+    import experiments.glue as glue
+
+    orders = []
+
+    def recorded(data, batch_size, pad_id, shuffle, rng=None):
+        for args, targets in batches(data, batch_size, pad_id, shuffle, rng):
+            if shuffle:
+                orders.append(args[0][:, 1].tolist())  # the token after [CLS] tells the examples apart
+            yield args, targets
+
+    monkeypatch.setattr(glue, "batches", recorded)
+    train = Encoded([[101, 1000 + i, 102] for i in range(8)], [[0] * 3] * 8, torch.arange(8) % 2)  # one length: no sorting
+    settings = settings_for("rte", "soft", 0, str(tiny_bert_folder), {"epochs": 2, "batch_size": 2, "draws": 0})
+    runs = []
+    for _ in range(2):
+        orders.clear()
+        glue.train_glue(settings, train, train, pad_id=0, progress=False)
+        runs.append([sum(orders[:4], []), sum(orders[4:], [])])  # 4 batches per epoch
+    assert sorted(runs[0][0]) == sorted(runs[0][1]) and runs[0][0] != runs[0][1]
+    assert runs[0] == runs[1]
 
 
 def test_glue_script_trains_scores_tabulates_and_skips_finished_runs(tmp_path, data_root, tiny_bert_folder):
     """experiments.glue end to end on real RTE data with a tiny randomly initialized BERT saved
     beside the MiniLM tokenizer: both variants train, are scored on dev, side by side; asking
-    again trains nothing."""
+    again trains nothing, and with another number of draws is refused."""
     from experiments.glue import main as glue
 
     argv = ["--task", "rte", "--variant", "soft", "wc", "--seeds", "0", "--model", str(tiny_bert_folder),
@@ -125,9 +175,13 @@ def test_glue_script_trains_scores_tabulates_and_skips_finished_runs(tmp_path, d
     assert sorted(rows.variant) == ["soft", "wc"] and (rows.max_train == 48).all()
     assert rows.dev_accuracy.between(30, 70).all()  # an untrained tiny model on balanced dev data
     assert rows["dev_pavpu@0.05"].notna().all() and rows.dev_nll.gt(0).all()
+    soft = rows.set_index("variant").loc["soft"]  # deterministic: every example certain, PAvPU = accuracy
+    assert soft["dev_pavpu@0.05"] == pytest.approx(soft.dev_accuracy)
     accuracy = table.loc[("rte", "accuracy")]
     assert accuracy["soft"] == f"{rows.set_index('variant').dev_accuracy['soft']:.2f}"  # one run: no ± std
     assert accuracy["wc - soft (paired)"].startswith(("+", "-")) and accuracy["n"] == 1
     assert "wc - soft (paired)" in (tmp_path / "glue" / "table.md").read_text()
     glue(argv)  # finished runs are skipped: no new rows
     assert len(pd.read_csv(tmp_path / "glue" / "results.csv")) == 2
+    with pytest.raises(ValueError, match=r"draws=2 \(asked for 3\)"):
+        glue(argv[:argv.index("--draws") + 1] + ["3"] + argv[argv.index("--draws") + 2:])

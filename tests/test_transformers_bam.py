@@ -7,7 +7,9 @@ import pytest
 import torch
 from pyro import poutine
 from pyro.infer import TraceMeanField_ELBO
-from transformers import AlbertConfig, AlbertForSequenceClassification, BertConfig, BertForSequenceClassification
+from transformers import (
+    AlbertConfig, AlbertForSequenceClassification, BertConfig, BertForSequenceClassification, LlamaConfig, LlamaModel,
+)
 
 from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.elbo import AttentionMeanFieldELBO
@@ -55,6 +57,24 @@ def test_eval_outputs_equal_original(make):
         assert torch.allclose(bam_model.network(ids, mask), expected, atol=1e-5)
         bam_model.train()  # training mode samples q: outputs differ
         assert not torch.allclose(bam_model.network(ids, mask), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_causal_model_stays_causal_in_eval_mode(kv_heads):
+    """A tiny Llama (causal; with 2 key/value heads, grouped-query attention), with and without
+    padding. Without padding, sdpa's mask function gives None, which Bayesian attention would
+    read as attention to every key."""
+    config = LlamaConfig(vocab_size=60, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=kv_heads)
+    original = LlamaModel(config).eval()
+    bam = to_bam(copy.deepcopy(original), WC).eval()
+    ids, padding = padded_batch()
+    for mask in (None, padding):
+        valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+        with torch.no_grad():
+            expected = original(input_ids=ids, attention_mask=mask).last_hidden_state
+            got = bam(input_ids=ids, attention_mask=mask).last_hidden_state
+        torch.testing.assert_close(got[valid], expected[valid], atol=1e-5, rtol=1e-5)
 
 
 def test_one_site_per_call_and_prior_saved():
@@ -116,12 +136,14 @@ def test_padding_changes_nothing_and_gets_zero_weight_and_kl():
     with torch.no_grad():
         bam_model.train()
         pyro.set_rng_seed(0)
-        a = bam_model.network.model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        a = bam_model.network.model(input_ids=ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
         pyro.set_rng_seed(0)
         b = bam_model.network.model(input_ids=other, attention_mask=mask, output_hidden_states=True)
     assert torch.allclose(a.logits, b.logits, atol=1e-6)
     valid = mask.bool()
     assert torch.allclose(a.hidden_states[-1][valid], b.hidden_states[-1][valid], atol=1e-6)
+    for weights in a.attentions:  # every query, padded ones too, normalizes over the valid keys only
+        assert (weights.masked_fill(valid[:, None, None, :], 0) == 0).all()
 
     guide = AttentionGuide(bam_model.model)
     guide(ids, mask, labels=torch.tensor([0, 1, 2]))
