@@ -7,7 +7,7 @@ with a message that names the field, instead of producing NaNs many steps later.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Optional, get_args
 
 Variant = Literal["soft", "nokl", "lf", "lc", "wf", "wc"]
@@ -30,6 +30,12 @@ VARIANTS: dict[str, tuple[Optional[Family], Optional[PriorKind]]] = {
 }
 
 
+#: Largest Lognormal scale of q: its samples ``S = exp(Phi - sigma_q^2/2 + sigma_q * eps)`` lie
+#: around ``exp(-sigma_q^2/2)``, which from about 13 on underflows to 0 in float32 (the weights
+#: turn uniform and lose their gradient). The prior's sigma_p has no bound: only the KL reads it.
+MAX_SIGMA_Q = 10.0
+
+
 def require_positive(name: str, value: float) -> None:
     """A finite number > 0, or an error that names the setting."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -44,7 +50,8 @@ class BamConfig:
 
     variant: ``soft`` | ``nokl`` | ``lf`` | ``lc`` | ``wf`` | ``wc`` (family letter, prior letter).
     k: Weibull shape of q; larger is less noisy (k -> inf recovers softmax attention).
-    sigma_q: Lognormal scale of q (sigma_q -> 0 recovers softmax attention).
+    sigma_q: Lognormal scale of q (sigma_q -> 0 recovers softmax attention), at most
+        :data:`MAX_SIGMA_Q`.
     sigma_p: Lognormal scale of the prior.
     mu_p: location of the fixed Lognormal prior (``lf`` only).
     beta: rate of the Gamma prior.
@@ -88,6 +95,11 @@ class BamConfig:
             )
         for name in ("k", "sigma_q", "sigma_p", "beta", "alpha"):
             require_positive(name, getattr(self, name))
+        if self.sigma_q > MAX_SIGMA_Q:
+            raise ValueError(
+                f"sigma_q must be <= {MAX_SIGMA_Q}, got {self.sigma_q!r}: q's samples "
+                "exp(Phi - sigma_q^2/2 + sigma_q * eps) underflow to 0 beyond it (uniform weights, no gradient)"
+            )
         if not isinstance(self.mu_p, (int, float)) or not math.isfinite(self.mu_p):
             raise ValueError(f"mu_p must be a finite number, got {self.mu_p!r}")
         if self.gamma_shape not in GAMMA_SHAPES:
@@ -115,13 +127,6 @@ class BamConfig:
 
     def replace(self, **changes: Any) -> "BamConfig":
         return replace(self, **changes)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
 
 
 @dataclass(frozen=True)

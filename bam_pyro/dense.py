@@ -18,6 +18,11 @@ class MultiHeadBayesianAttention(nn.Module):
     ``query``: ``[..., Lq, d_model]``; ``key``/``value``: ``[..., Lk, d_model]``;
     ``key_padding_mask``: ``[..., Lk]`` boolean, True for valid keys. Returns ``[..., Lq, d_model]``
     and the attention weights ``[..., heads, Lq, Lk]``.
+
+    ``batch_dims``: the number of data-batch dims before the length (1: ``[batch, length,
+    features]``). They join the attention site's event (a mask carries them itself); dims before
+    them are sample dims (Predictive's draws, vectorized particles, which a stacked layer gets
+    from the samples of the one below) and must stay out of it.
     """
 
     def __init__(
@@ -27,11 +32,13 @@ class MultiHeadBayesianAttention(nn.Module):
         config: BamConfig,
         score: str = "scaled_dot",
         dropout: float = 0.0,
+        batch_dims: int = 1,
     ) -> None:
         super().__init__()
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
         self.num_heads, self.head_dim = num_heads, d_model // num_heads
+        self.batch_dims = batch_dims
         self.query_proj = nn.Linear(d_model, d_model)
         self.key_proj = nn.Linear(d_model, d_model)
         self.value_proj = nn.Linear(d_model, d_model)
@@ -56,7 +63,7 @@ class MultiHeadBayesianAttention(nn.Module):
                     f"key_padding_mask has {key_padding_mask.shape[-1]} keys, key has {key.shape[-2]}"
                 )
             mask = key_padding_mask[..., None, None, :]
-        axis = DenseKeys(mask, batch_shape=key.shape[:-2])
+        axis = DenseKeys(mask, batch_shape=key.shape[max(key.dim() - 2 - self.batch_dims, 0) : -2])
         weights = self.attention(self.score(q, k), k.transpose(-2, -3), axis)
         out = self.dropout(weights) @ v  # [..., H, Lq, d]
         return self.out_proj(out.transpose(-2, -3).flatten(-2)), weights

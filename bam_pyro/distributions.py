@@ -20,9 +20,10 @@ from .config import BamConfig
 
 EULER_GAMMA = 0.5772156649015329
 
-#: Smallest Gamma shape used: keeps lgamma'(alpha) ~ -1/alpha finite in float32 when
-#: ``Psi * beta`` underflows (beta=1e-15 times a tiny Psi), while the KL's gradient with
-#: respect to log(alpha) stays ~ -1.
+#: Smallest Gamma shape used, contextual or fixed: keeps lgamma'(alpha) ~ -1/alpha finite in
+#: float32 when ``Psi * beta`` underflows (beta=1e-15 times a tiny Psi), and the KL finite for a
+#: fixed alpha that float32 rounds to 0, while the KL's gradient with respect to log(alpha)
+#: stays ~ -1.
 MIN_GAMMA_SHAPE = 1e-30
 
 
@@ -106,7 +107,7 @@ def prior_distribution(
     """
     if config.family == "weibull":
         if log_psi is None:
-            alpha = like.new_tensor(config.alpha).expand(shape)
+            alpha = like.new_tensor(max(config.alpha, MIN_GAMMA_SHAPE)).expand(shape)
         else:
             log_alpha = log_psi + math.log(config.beta) if config.gamma_shape == "psi_beta" else log_psi
             alpha = log_alpha.clamp_min(math.log(MIN_GAMMA_SHAPE)).exp().expand(shape)

@@ -7,10 +7,12 @@ gradients and alive until the loss is returned: on a 6-layer MiniLM (batch 16, l
 cost about 0.8 GB of peak memory and a large share of the step time, and the loss never reads
 them. This ELBO leaves them out; everything else is ``TraceMeanField_ELBO`` unchanged.
 
-Pyro's validation (on by default) reads those score parts. Its checks concern the structure of
-the traces (site shapes, reparameterization, mean-field order), which does not change from one
-training step to the next, so with ``validate_once`` (the default) the first call runs them all
-and later calls skip them, together with the unused densities.
+Pyro's validation (on by default) is kept: a validated call runs the checks of
+``TraceMeanField_ELBO`` (model and guide match, site shapes, reparameterization, mean-field
+order), reading the shapes of attention sites from the guide's densities, which it computes
+for that purpose. They concern the structure of the traces, which does not change from one
+training step to the next, so with ``validate_once`` (the default) only the first call runs them
+and later calls skip them, together with the guide's unused densities.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from __future__ import annotations
 import pyro
 from pyro import poutine
 from pyro.infer import TraceMeanField_ELBO
+from pyro.infer.trace_mean_field_elbo import _check_mean_field_requirement
 from pyro.infer.util import is_validation_enabled
 from pyro.poutine.guide import GuideMessenger
 from pyro.poutine.util import prune_subsample_sites
-from pyro.util import check_site_shape
+from pyro.util import check_if_enumerated, check_model_guide_match, check_site_shape
 
 from .sites import SITE_INFO
 
@@ -58,16 +61,23 @@ class AttentionMeanFieldELBO(TraceMeanField_ELBO):
             return super()._get_trace(model, guide, args, kwargs)
         guide(*args, **kwargs)
         model_trace, guide_trace = messenger.get_traces()
+        validate = is_validation_enabled()
+        if validate:
+            check_model_guide_match(model_trace, guide_trace, self.max_plate_nesting)
         model_trace = prune_subsample_sites(model_trace)
         guide_trace = prune_subsample_sites(guide_trace)
         model_trace.compute_log_prob(site_filter=_scored)
         latent = [s for n, s in guide_trace.nodes.items() if s["type"] == "sample"]
-        if is_validation_enabled() or any(_scored(s["name"], s) for s in latent):
+        if validate or any(_scored(s["name"], s) for s in latent):
             # validation checks every guide site's score parts; other latent sites may need the
             # Monte Carlo path
             guide_trace.compute_score_parts()
-        if is_validation_enabled():
+        if validate:
             for site in model_trace.nodes.values():
                 if site["type"] == "sample" and _scored(site["name"], site):
                     check_site_shape(site, self.max_plate_nesting)
+            for site in latent:
+                check_site_shape(site, self.max_plate_nesting)
+            check_if_enumerated(guide_trace)
+            _check_mean_field_requirement(model_trace, guide_trace)
         return model_trace, guide_trace

@@ -5,7 +5,8 @@ Registered on the torch classes (Pyro's distributions subclass them), so that
 falls back to a Monte Carlo estimate.
 
 Both are written to stay finite in float32 at the paper's extreme hyperparameters
-(k up to 1e3, beta down to 1e-15, alpha down to 1e-15 and below, sigma from 1e-15 to 1e15).
+(k up to 1e3, beta down to 1e-15, alpha down to 1e-15 and below, sigma_p from 1e-15 to 1e15
+against sigma_q from 1e-15 to :data:`~bam_pyro.config.MAX_SIGMA_Q`).
 """
 
 from __future__ import annotations

@@ -22,8 +22,6 @@ from .axes import AttentionAxis
 #: also on masked entries, which Pyro masks with ``torch.where`` (an inf there poisons gradients).
 LOG_FLOOR = 1e-20
 
-_TINY = torch.finfo(torch.float32).tiny
-
 
 def _log_floored(p: Tensor) -> Tensor:
     return torch.log(p + LOG_FLOOR)
@@ -91,15 +89,17 @@ def normalize(axis: AttentionAxis, s: Tensor) -> Tensor:
     """``W = S / sum_keys S`` over each query's valid keys (masked keys get exactly 0).
 
     The ratio is taken directly when every sum is a positive finite float, which is the rule for
-    Weibull samples; otherwise (Lognormal samples with a huge sigma) in log space, as
-    ``softmax(log S)``. The backward keeps S and the sums (and W only where the axis does not
-    recompute).
+    Weibull samples; otherwise in log space, as ``softmax(log S)``, with S clamped into the
+    positive finite floats so that rows holding 0 or inf stay distributions (samples of a
+    LogNormal prior with a huge sigma_p, such as the paper's 1e15, when the model runs without a
+    guide). The backward keeps S and the sums (and W only where the axis does not recompute).
     """
     with torch.no_grad():
         valid = axis.zero_masked_keys(s)
         total = axis.key_sum(valid)
     if not bool(((total > 0) & (total < math.inf)).all()):
-        return axis.softmax(s.clamp_min(_TINY).log())
+        info = torch.finfo(s.dtype)
+        return axis.softmax(s.clamp(info.tiny, info.max).log())
     if not (torch.is_grad_enabled() and s.requires_grad):
         return valid / total
     return _Normalize.apply(s, valid, total, axis)

@@ -53,10 +53,6 @@ class PredictiveDraws:
     attention: dict[str, Tensor]
     prior_location: dict[str, Tensor]
 
-    @property
-    def num_draws(self) -> int:
-        return self.probs.shape[0]
-
 
 def softmax_probs(logits: Tensor) -> Tensor:
     """Default ``probs_fn``: class probabilities from logits over the last dimension."""

@@ -8,6 +8,15 @@ import torch
 from torch import Tensor, nn
 
 
+def glorot_per_head_(weight: Tensor) -> Tensor:
+    """Glorot-uniform init, in place, of per-head weights ``[heads, fan_in, fan_out]`` (or
+    ``[heads, fan_in]``, fan_out 1): each head's matrix gets its own fans, where torch's
+    ``xavier_uniform_`` would read the stack as a convolution kernel and shrink the bound."""
+    fan_in, fan_out = weight.shape[1], weight.shape[2] if weight.dim() > 2 else 1
+    bound = math.sqrt(6.0 / (fan_in + fan_out))
+    return nn.init.uniform_(weight, -bound, bound)
+
+
 class ContextualPrior(nn.Module):
     """Per-head two-layer network from a key vector to a prior logit.
 
@@ -24,11 +33,9 @@ class ContextualPrior(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        num_heads, key_dim, d_mid = self.hidden_weight.shape
-        bound = math.sqrt(6.0 / (key_dim + d_mid))
-        nn.init.uniform_(self.hidden_weight, -bound, bound)
+        glorot_per_head_(self.hidden_weight)
         nn.init.zeros_(self.hidden_bias)
-        nn.init.uniform_(self.out_weight, -math.sqrt(6.0 / (d_mid + 1)), math.sqrt(6.0 / (d_mid + 1)))
+        glorot_per_head_(self.out_weight)
 
     def forward(self, keys: Tensor) -> Tensor:
         if keys.dim() < 2 or keys.shape[-2:] != self.hidden_weight.shape[:2]:

@@ -11,6 +11,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .prior import glorot_per_head_
+
 
 class DotScore(nn.Module):
     """``q . k``"""
@@ -32,7 +34,7 @@ class BilinearScore(nn.Module):
     def __init__(self, num_heads: int, head_dim: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_heads, head_dim, head_dim))
-        nn.init.xavier_uniform_(self.weight)
+        glorot_per_head_(self.weight)
 
     def forward(self, query: Tensor, key: Tensor) -> Tensor:
         return (query @ self.weight) @ key.transpose(-1, -2)
@@ -47,8 +49,8 @@ class AdditiveScore(nn.Module):
         self.query_proj = nn.Parameter(torch.empty(num_heads, head_dim, hidden))
         self.key_proj = nn.Parameter(torch.empty(num_heads, head_dim, hidden))
         self.v = nn.Parameter(torch.empty(num_heads, hidden))
-        for p in (self.query_proj, self.key_proj):
-            nn.init.xavier_uniform_(p)
+        glorot_per_head_(self.query_proj)
+        glorot_per_head_(self.key_proj)
         nn.init.uniform_(self.v, -1 / math.sqrt(hidden), 1 / math.sqrt(hidden))
 
     def forward(self, query: Tensor, key: Tensor) -> Tensor:

@@ -8,7 +8,7 @@ weight decay and its state are the usual ones), then the annealing counter advan
 
 A checkpoint holds everything a continued run depends on: parameters, optimizer state, the
 step counter (a buffer of the model), the early-stopping state with its best parameters, the
-history and every RNG state. Resuming from it continues bit-for-bit like the uninterrupted run.
+history, the elapsed time and every RNG state. Resuming from it continues bit-for-bit like the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class FitResult:
     epochs: int  # epochs run in total (including those before a resume)
     best_epoch: int
     stopped_early: bool
-    seconds: float  # wall time of this process's part of the run
+    seconds: float  # wall time of the run (including the part before a resume)
     history: list[dict[str, float]]
 
 
@@ -141,6 +141,7 @@ class SVITrainer:
         self.grad_clip = grad_clip
         self.epoch = 0
         self.history: list[dict[str, float]] = []
+        self.seconds = 0.0  # wall time of the run so far, carried over by a checkpoint
 
     def step(self, *args: Any, **kwargs: Any) -> float:
         """One SVI step on one batch; returns the loss (negative ELBO under the objective)."""
@@ -175,7 +176,7 @@ class SVITrainer:
         many batches), a second progress bar follows the steps of the current epoch."""
         if self.checkpoint is not None and self.checkpoint.exists():
             self.load(self.checkpoint, early_stopping)
-        start = time.perf_counter()
+        start = time.perf_counter() - self.seconds  # the run's clock, a resumed run's included
         stopped = early_stopping is not None and early_stopping.waited >= early_stopping.patience
         bar = tqdm(total=max_epochs, initial=self.epoch, desc=description, disable=not progress, dynamic_ncols=True, leave=False)
         while self.epoch < max_epochs and not stopped:
@@ -191,18 +192,20 @@ class SVITrainer:
             if early_stopping is not None:
                 stopped = early_stopping.update(metrics, self.epoch, self.model)
             self.epoch += 1
+            self.seconds = time.perf_counter() - start
             bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k != "epoch"}, refresh=False)
             bar.update(1)  # draws the bar with this epoch's figures
             if self.checkpoint is not None and (self.epoch % self.checkpoint_every == 0 or stopped):
                 self.save(self.checkpoint, early_stopping)
         bar.close()
+        self.seconds = time.perf_counter() - start
         if self.checkpoint is not None:
             self.save(self.checkpoint, early_stopping)
         best_epoch = self.epoch - 1
         if early_stopping is not None and early_stopping.best_state is not None:
             self.model.load_state_dict(early_stopping.best_state)
             best_epoch = early_stopping.best_epoch
-        return FitResult(self.epoch, best_epoch, stopped, time.perf_counter() - start, self.history)
+        return FitResult(self.epoch, best_epoch, stopped, self.seconds, self.history)
 
     def state_dict(self, early_stopping: Optional[EarlyStopping] = None) -> dict[str, Any]:
         return {
@@ -210,6 +213,7 @@ class SVITrainer:
             "optimizer": self.optimizer.state_dict(),
             "epoch": self.epoch,
             "history": self.history,
+            "seconds": self.seconds,
             "early_stopping": early_stopping.state_dict() if early_stopping else None,
             "rng": rng_state(),
         }
@@ -227,6 +231,7 @@ class SVITrainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.epoch, self.history = state["epoch"], state["history"]
+        self.seconds = state.get("seconds", 0.0)  # absent from checkpoints written before it was kept
         if early_stopping is not None and state["early_stopping"] is not None:
             early_stopping.load_state_dict(state["early_stopping"])
         set_rng_state(state["rng"])

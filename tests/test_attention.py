@@ -1,6 +1,7 @@
 """Bayesian attention: simplex rows, masks, the posterior-mean rule, the k -> inf limit, and
 finite gradients of the whole SVI loss at the paper's extreme hyperparameters."""
 
+import math
 import pickle
 
 import pytest
@@ -83,6 +84,14 @@ def test_eval_point_prediction_is_normalized_posterior_mean_and_equals_softmax(v
     assert torch.allclose(w, soft, atol=1e-6)
 
 
+@pytest.mark.parametrize("variant", ["lf", "wf"])
+def test_q_mean_is_exp_phi_itself(variant):
+    """E_q[S] = exp(Phi) before any normalization (LogNormal's loc is shifted by -sigma^2 / 2)."""
+    phi = torch.randn(5, dtype=torch.float64)
+    q = variational_distribution(phi, BamConfig(variant, k=1.5, sigma_q=0.7))
+    assert torch.allclose(q.mean, phi.exp(), rtol=1e-12)
+
+
 @pytest.mark.parametrize("variant, param", [("wf", dict(k=1e5)), ("lf", dict(sigma_q=1e-5))])
 def test_samples_approach_softmax_as_noise_vanishes(variant, param):
     scores, keys, mask = dense_inputs()
@@ -114,6 +123,18 @@ def test_every_score_function_gives_attention_maps(score):
     attn = MultiHeadBayesianAttention(d_model=8, num_heads=2, config=BamConfig("wc"), score=score)
     out, w = attn(torch.randn(3, 4, 8), torch.randn(3, 6, 8), torch.randn(3, 6, 8))
     assert out.shape == (3, 4, 8) and w.shape == (3, 2, 4, 6)
+
+
+@pytest.mark.parametrize("score", ["bilinear", "additive"])
+def test_learned_score_weights_start_at_the_glorot_bound_of_one_head(score):
+    """Per head, a [d, d] (or [d, hidden]) matrix: bound sqrt(6 / (d + d)), not that of a
+    convolution kernel over the head stack (fans d * d), which is several times smaller."""
+    heads, d = 4, 32
+    attn = MultiHeadBayesianAttention(d_model=heads * d, num_heads=heads, config=BamConfig("wc"), score=score)
+    bound = math.sqrt(6.0 / (2 * d))
+    weights = [attn.score.weight] if score == "bilinear" else [attn.score.query_proj, attn.score.key_proj]
+    for weight in weights:
+        assert 0.95 * bound < weight.abs().max() <= bound
 
 
 EXTREMES = [(dataset, variant, params) for dataset, by_variant in PRESETS.items() for variant, params in by_variant.items()]

@@ -135,6 +135,20 @@ def test_model_runs_alone_sampling_the_prior():
     assert prior_predictive["y"].shape == (4, x.size(0))
 
 
+def test_model_runs_alone_at_the_papers_widest_lognormal_prior():
+    """Cora's lc preset, sigma_p = 1e15: the prior's draws over- and underflow to inf and 0, and
+    the weights are still finite."""
+    x, edge_index, _ = random_graph()
+    config = BamConfig("lc", sigma_p=1e15, sigma_q=1e-15, d_mid=1)
+    model = build_node_classifier(x.size(1), 3, config, ObjectiveConfig()).eval()
+    model.record_attention = True
+    trace = pyro.poutine.trace(model.model).get_trace(x, edge_index)
+    assert torch.isinf(trace.nodes["conv1.attention"]["value"]).any()
+    for name in ("conv1.attention", "conv2.attention"):
+        assert torch.isfinite(trace.nodes[f"{name}.weights"]["value"]).all()
+    assert torch.isfinite(trace.nodes["_RETURN"]["value"]).all()
+
+
 def test_site_scale_is_annealing_times_weight_over_entries_and_sites():
     x, edge_index, y = random_graph()
     model = build_node_classifier(x.size(1), 3, BamConfig("wc"), ObjectiveConfig(kl_weight=2.0, anneal_rate=0.5))
@@ -162,15 +176,19 @@ def test_soft_and_nokl_have_no_latent_sites():
 
 
 class _Encoder(torch.nn.Module):
-    def __init__(self, d_model=16, heads=4):
+    def __init__(self, d_model=16, heads=4, layers=1, k=10.0):
         super().__init__()
         from bam_pyro import MultiHeadBayesianAttention
 
-        self.attn = MultiHeadBayesianAttention(d_model, heads, BamConfig("wc", k=10.0, beta=1e-2, d_mid=5))
+        config = BamConfig("wc", k=k, beta=1e-2, d_mid=5)
+        self.attn = MultiHeadBayesianAttention(d_model, heads, config)
+        self.upper = torch.nn.ModuleList(MultiHeadBayesianAttention(d_model, heads, config) for _ in range(layers - 1))
         self.head = torch.nn.Linear(d_model, 2)
 
     def forward(self, x, valid):
         h, _ = self.attn(x, x, x, key_padding_mask=valid)
+        for layer in self.upper:
+            h, _ = layer(h, h, h, key_padding_mask=valid)
         return self.head(h.mean(-2))
 
 
@@ -199,6 +217,36 @@ def test_batched_dense_attention_in_a_pyro_model_trains_and_predicts():
     assert not torch.allclose(weights[0], weights[1])  # distinct posterior draws
 
 
+def test_dense_site_scale_counts_only_the_valid_entries():
+    """Under the mean reduction a site's KL is divided by its valid entries: padded keys do not count."""
+    x = torch.randn(8, 5, 16)
+    valid = torch.ones(8, 5, dtype=torch.bool)
+    valid[:3, 3:] = False
+    model = _SequenceClassifier(_Encoder(), ObjectiveConfig())
+    guide = AttentionGuide(model.model)
+    guide(x, valid, y=torch.randint(0, 2, (8,)))
+    _, guide_trace = guide.get_traces()
+    entries = 4 * 5 * (3 * 3 + 5 * 5)  # heads * queries * valid keys of 3 padded and 5 full sequences
+    assert guide_trace.nodes["attn.attention"]["scale"] == pytest.approx(1 / entries)
+
+
+def test_stacked_dense_layers_keep_sample_dims_out_of_the_site_event():
+    """From the second layer on, the keys carry the sample dims of the draws below; they are batch
+    dims of the site, not part of its event: Predictive runs vectorized, and vectorized particles
+    weigh the KL as one particle does (q nearly deterministic at huge k)."""
+    x, y = torch.randn(4, 5, 16), torch.randint(0, 2, (4,))
+    model = _SequenceClassifier(_Encoder(layers=2, k=1e6), ObjectiveConfig()).eval()
+    guide = AttentionGuide(model.model)
+    draws = Predictive(guide, num_samples=3, parallel=True, return_sites=["y"])(x, None)
+    assert draws["y"].shape == (3, 4)
+    losses = [
+        TraceMeanField_ELBO(num_particles=n, vectorize_particles=True, max_plate_nesting=1)
+        .differentiable_loss(model.model, guide, x, None, y=y).item()
+        for n in (1, 3)
+    ]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-4)
+
+
 def test_attention_elbo_equals_trace_mean_field_before_and_after_validation():
     """The trainer's default ELBO skips unused densities (and, after its first call, Pyro's
     validation) without changing the loss or its gradient."""
@@ -216,3 +264,28 @@ def test_attention_elbo_equals_trace_mean_field_before_and_after_validation():
         assert losses[1] == pytest.approx(losses[0], rel=1e-6)
         assert torch.allclose(grads[1], grads[0], rtol=1e-5, atol=1e-8)
     assert lean._validated
+
+
+def test_attention_elbo_runs_pyros_checks_on_its_first_call_only(monkeypatch):
+    """The checks of TraceMeanField_ELBO's own trace pass run on the first call: every sample site's
+    shape (attention sites on the guide's side), model and guide matching, mean-field order."""
+    from bam_pyro import elbo as elbo_module
+
+    ran = []
+    for name in ("check_model_guide_match", "check_if_enumerated", "_check_mean_field_requirement"):
+        check = getattr(elbo_module, name)
+        monkeypatch.setattr(elbo_module, name, lambda *a, _name=name, _check=check: (ran.append(_name), _check(*a)))
+    check_shape = elbo_module.check_site_shape
+    monkeypatch.setattr(elbo_module, "check_site_shape", lambda site, n: (ran.append(site["name"]), check_shape(site, n)))
+    x, edge_index, y = random_graph()
+    model = build_node_classifier(x.size(1), 3, BamConfig("wc"), ObjectiveConfig())
+    guide = AttentionGuide(model.model)
+    lean = AttentionMeanFieldELBO()
+    lean.differentiable_loss(model.model, guide, x, edge_index, y=y)
+    assert sorted(ran) == sorted([
+        "check_model_guide_match", "check_if_enumerated", "_check_mean_field_requirement",
+        "y", "conv1.attention", "conv2.attention",
+    ])
+    ran.clear()
+    lean.differentiable_loss(model.model, guide, x, edge_index, y=y)
+    assert ran == []

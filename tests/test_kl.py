@@ -8,7 +8,7 @@ import torch
 from torch.distributions import Gamma, LogNormal, Weibull, kl_divergence
 
 from bam_pyro import BamConfig
-from bam_pyro.distributions import MeanWeibull, prior_distribution, variational_distribution
+from bam_pyro.distributions import MIN_GAMMA_SHAPE, MeanWeibull, prior_distribution, variational_distribution
 from bam_pyro.kl import kl_lognormal_lognormal, kl_mean_weibull_gamma, kl_weibull_gamma
 
 
@@ -128,6 +128,17 @@ def test_weibull_gamma_float32_extremes_finite_with_finite_gradients(k, beta, al
     # for tiny alpha, dKL/dlog(alpha) = alpha * digamma(alpha) + ... -> -1 per entry
     if alpha < 1e-10:
         assert log_alpha.grad.sub(-1e3).abs().max() < 1.0
+
+
+def test_fixed_gamma_shape_below_float32_range_is_floored_like_the_contextual_one():
+    """alpha = 1e-46 is 0 in float32 (KL inf); the fixed prior floors it at MIN_GAMMA_SHAPE."""
+    phi = torch.randn(2, 3, 4).log_softmax(-1)
+    kls = []
+    for alpha in (1e-46, MIN_GAMMA_SHAPE):
+        config = BamConfig("wf", k=1.0, beta=1e-10, alpha=alpha)
+        prior = prior_distribution(None, config, phi.shape, phi)
+        kls.append(kl_divergence(variational_distribution(phi, config), prior))
+    assert torch.isfinite(kls[0]).all() and torch.equal(kls[0], kls[1])
 
 
 def _map_case(kind):

@@ -1,6 +1,8 @@
 """The lean normalizations give the values and gradients of the plain torch expressions, dense
 (with padding) and sparse, and their backward keeps no extra attention maps."""
 
+import math
+
 import pytest
 import torch
 
@@ -32,6 +34,24 @@ def test_log_normalized_matches_the_plain_expression(case):
     (plain_grad,) = torch.autograd.grad(plain, scores, upstream)
     assert torch.allclose(lean_grad, plain_grad, atol=1e-12)
     assert torch.autograd.gradcheck(lambda s: log_normalized(axis, s), (scores,))
+
+
+def test_sparse_log_normalized_gradient_where_the_softmax_falls_below_the_floor():
+    """Scores spread wide enough that some softmax entries are far below 1e-20, where the floor
+    flattens log(p + 1e-20) and its gradient must vanish."""
+    scores, axis = sparse_case()
+    scores = (scores.detach() * 10).requires_grad_()
+    assert (axis.softmax(scores) < 1e-3 * LOG_FLOOR).any()
+    upstream = torch.randn_like(scores)
+    (lean_grad,) = torch.autograd.grad(log_normalized(axis, scores), scores, upstream)
+    (plain_grad,) = torch.autograd.grad(torch.log(axis.softmax(scores) + LOG_FLOOR), scores, upstream)
+    assert torch.allclose(lean_grad, plain_grad, atol=1e-12)
+
+
+def test_dense_log_normalized_gradient_is_exactly_zero_at_masked_keys():
+    scores, axis = dense_case()
+    (grad,) = torch.autograd.grad(log_normalized(axis, scores), scores, torch.randn_like(scores))
+    assert (grad[0, ..., 4:] == 0).all()
 
 
 @pytest.mark.parametrize("case", [dense_case, sparse_case])
@@ -85,6 +105,21 @@ def test_normalize_falls_back_to_log_space_when_the_sums_overflow():
     assert torch.allclose(w, torch.tensor([[3 / 7, 3 / 7, 1 / 7], [0.25, 0.5, 0.25]]))
     w[:, 0].sum().backward()
     assert torch.isfinite(s.grad).all()
+
+
+def test_normalize_of_rows_with_infinite_entries_shares_the_weight_among_them():
+    """Draws of a LogNormal prior with sigma_p = 1e15 are inf or 0: each inf weighs as the largest
+    float, so a row stays a distribution."""
+    s = torch.tensor([[math.inf, 1.0, 0.0], [math.inf, math.inf, 1.0]])
+    w = normalize(DenseKeys(), s)
+    assert torch.allclose(w, torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0]]))
+
+
+def test_normalize_of_an_all_zero_row_is_uniform():
+    """Every draw of a row underflowed: the sum is 0, the log-space route gives a finite simplex."""
+    s = torch.tensor([[0.0, 0.0, 0.0], [1.0, 2.0, 1.0]], requires_grad=True)
+    w = normalize(DenseKeys(), s)
+    assert torch.allclose(w, torch.tensor([[1 / 3, 1 / 3, 1 / 3], [0.25, 0.5, 0.25]]))
 
 
 @pytest.mark.parametrize("spread", [4.0, 400.0])  # one shared shift; per-target shifts (fallback)

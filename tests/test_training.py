@@ -1,5 +1,7 @@
 """The SVI loop: exact resume from a checkpoint, the early-stopping rule, and a real Cora run."""
 
+import time
+
 import pytest
 import torch
 
@@ -35,15 +37,41 @@ def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path):
 
     checkpoint = tmp_path / "run.pt"
     first, batches, evaluate = make_trainer(checkpoint)
-    first.fit(batches, evaluate, max_epochs=6, progress=False)  # "crash" after 6 epochs
+    before = first.fit(batches, evaluate, max_epochs=6, progress=False)  # "crash" after 6 epochs
     torch.manual_seed(12345)  # whatever happens to the RNG in between must not matter
     resumed, batches, evaluate = make_trainer(checkpoint)  # a fresh process would rebuild everything
+    start = time.perf_counter()
     result = resumed.fit(batches, evaluate, max_epochs=10, progress=False)
+    assert before.seconds < result.seconds <= before.seconds + time.perf_counter() - start  # the whole run's time
     assert result.epochs == 10 and len(result.history) == 10
+    finished, batches, evaluate = make_trainer(checkpoint)  # resuming a finished run trains no more
+    assert finished.fit(batches, evaluate, max_epochs=10, progress=False).seconds >= result.seconds
     assert int(resumed.model.step) == 10
     for name, value in resumed.model.state_dict().items():
         assert torch.equal(value, uninterrupted[name]), name
     assert resumed.history == trainer.history
+
+
+def test_resume_with_early_stopping_matches_uninterrupted_run(tmp_path):
+    """Interrupted while early stopping is counting, the resumed run stops at the same epoch with
+    the same best parameters: the patience count and the best metrics come from the checkpoint."""
+    def fit(checkpoint, max_epochs):
+        trainer, batches, evaluate = make_trainer(checkpoint)
+        stopping = EarlyStopping({"val_loss": "min"}, patience=2)
+        result = trainer.fit(batches, evaluate, max_epochs=max_epochs, early_stopping=stopping, progress=False)
+        return trainer, result, stopping
+
+    reference, uninterrupted, _ = fit(None, 12)
+    assert uninterrupted.stopped_early
+    checkpoint = tmp_path / "run.pt"
+    _, _, interrupted = fit(checkpoint, 4)
+    assert interrupted.waited > 0  # the crash falls while early stopping waits
+    resumed, result, _ = fit(checkpoint, 12)
+    assert (result.epochs, result.best_epoch, result.stopped_early) == (
+        uninterrupted.epochs, uninterrupted.best_epoch, uninterrupted.stopped_early
+    )
+    for name, value in resumed.model.state_dict().items():
+        assert torch.equal(value, reference.model.state_dict()[name]), name
 
 
 def test_early_stopping_resets_on_any_improvement_and_keeps_the_best_of_all():
