@@ -63,11 +63,16 @@ def read_run(path: Path) -> tuple[pd.DataFrame, dict]:
     return history, record
 
 
+def validation_metrics(history: pd.DataFrame) -> list[str]:
+    """The metrics a run's history holds per epoch, besides the training loss."""
+    return [c for c in history.columns if c not in ("epoch", "loss")]
+
+
 def kept_versus_best(history: pd.DataFrame, record: dict) -> dict:
     """For every validation metric: its value at the kept epoch and the best the run reached."""
     row = {k: record[k] for k in ("run", "group", "epochs", "kept_epoch")}
     at_kept = history.set_index("epoch").loc[record["kept_epoch"]]
-    for metric in (c for c in history.columns if c not in ("epoch", "loss")):
+    for metric in validation_metrics(history):
         best = history[metric].min() if _direction(metric, record["monitors"]) == "min" else history[metric].max()
         row[f"kept_{metric}"] = at_kept[metric]
         row[f"best_{metric}"] = best
@@ -76,18 +81,22 @@ def kept_versus_best(history: pd.DataFrame, record: dict) -> dict:
 
 
 def training_curves(histories: dict[str, pd.DataFrame], records: Sequence[dict], path: Path) -> Path:
-    """One column per run group, one row per validation metric: a line per run, a dot at the
+    """One column per run group, one row per validation metric of any group (tasks have their
+    own metrics; a cell whose group's runs lack the metric is left out): a line per run, a dot at the
     kept epoch. The axis leaves out the worst 5% of values (the first epochs), where they would
     squeeze the rest into a band."""
     groups = list(dict.fromkeys(r["group"] for r in records))
-    metrics = [c for c in next(iter(histories.values())).columns if c not in ("epoch", "loss")]
+    metrics = list(dict.fromkeys(m for r in records for m in validation_metrics(histories[r["run"]])))
     fig, axes = plt.subplots(
         len(metrics), len(groups), figsize=(3.2 * len(groups), 2.6 * len(metrics)), squeeze=False, sharex="col"
     )
     for column, group in enumerate(groups):
-        runs = [r for r in records if r["group"] == group]
         for row, metric in enumerate(metrics):
             ax = axes[row][column]
+            runs = [r for r in records if r["group"] == group and metric in histories[r["run"]]]
+            if not runs:
+                ax.set_visible(False)
+                continue
             for record in runs:
                 history = histories[record["run"]].set_index("epoch")[metric]
                 line, = ax.plot(history.index, history, lw=0.8, alpha=0.7)
@@ -100,10 +109,12 @@ def training_curves(histories: dict[str, pd.DataFrame], records: Sequence[dict],
                 low = values.quantile(0.05)
             margin = 0.05 * (high - low) or 0.01
             ax.set_ylim(low - margin, high + margin)
-        axes[0][column].set_title(group, fontsize=10)
-        axes[-1][column].set_xlabel("epoch")
+        shown = [ax for ax in axes[:, column] if ax.get_visible()]
+        shown[0].set_title(group, fontsize=10)
+        shown[-1].set_xlabel("epoch")
+        shown[-1].xaxis.set_tick_params(labelbottom=True)  # sharex labels only the bottom row, which may be left out
     for row, metric in enumerate(metrics):
-        axes[row][0].set_ylabel(metric)
+        next(ax for ax in axes[row] if ax.get_visible()).set_ylabel(metric)
     fig.suptitle("validation curves, one line per run; dots: the epochs early stopping kept", fontsize=10)
     return save_figure(fig, path)
 

@@ -81,7 +81,8 @@ def prior_posterior(idata: az.InferenceData, layer: str, node, head: int, path: 
 
 def variant_comparison(summary: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path:
     """Bar chart per metric: mean +- std over seeds for each (dataset, variant) row.
-    ``summary`` columns: dataset, variant, and ``<metric>_mean`` / ``<metric>_std``."""
+    ``summary`` columns: dataset, variant, and ``<metric>_mean`` / ``<metric>_std``. The bars start
+    at 0, so their lengths compare as the values do, and the axis holds the error bars."""
     datasets = list(dict.fromkeys(summary["dataset"]))
     fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.5), squeeze=False)
     width = 0.8 / len(datasets)
@@ -91,9 +92,6 @@ def variant_comparison(summary: pd.DataFrame, metrics: Sequence[str], path: Path
             x = np.arange(len(rows)) + (i - (len(datasets) - 1) / 2) * width
             ax.bar(x, rows[f"{metric}_mean"], width, yerr=rows[f"{metric}_std"], label=dataset, capsize=2)
             ax.set_xticks(np.arange(len(rows)), list(rows["variant"]), rotation=45, ha="right")
-        values = summary[f"{metric}_mean"]
-        spread = max(values.max() - values.min(), 1e-3)
-        ax.set_ylim(max(values.min() - spread, 0.0), values.max() + spread)
         ax.set_title(metric)
     axes[0][0].legend(fontsize=8)
     return save_figure(fig, path)

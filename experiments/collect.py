@@ -4,9 +4,10 @@ A sweep is often spread over several run folders (one per setting, machine or sh
 them: ``python -m experiments.collect glue runs/glue-rte runs/glue-mrpc --out
 runs/glue-all`` writes ``results.csv``, ``table.md`` (mean ± std per variant and the paired difference
 to soft) and ``paired.png`` (every seed's runs joined by a line). For a run present in several
-folders the later folder's row wins; runs of one task and variant that differ in a setting are an
-error, not a mean (a file with no column for a setting, from before it was recorded, is merged
-with a warning that names it). ``--compare`` is for a sweep over settings instead: each distinct setting of a
+folders the later folder's row wins; runs of one task and variant that differ in a setting, or
+variants of one task trained differently (other than in their attention's settings), are an
+error, not a mean or a paired difference (a file with no column for a setting, from before it
+was recorded, is merged with a warning that names it). ``--compare`` is for a sweep over settings instead: each distinct setting of a
 task and variant is a row of its own (the settings that vary shown as columns: a blank cell as
 "None", a folder whose file has no column for the setting as "(not recorded)"), and no picture is
 drawn.
@@ -26,7 +27,7 @@ from analysis.plots import paired_runs
 from analysis.tables import summarize
 from experiments import gat, glue
 from experiments.glue_data import TASKS
-from experiments.runs import same_setting
+from experiments.runs import VARIANT_SETTINGS, same_setting
 
 
 log = logging.getLogger(__name__)
@@ -76,11 +77,28 @@ def settings_disagreement(
     return mixed, assumed
 
 
+def require_agreement(
+    results: pd.DataFrame, by: list[str], settings: list[str], columns: dict[str, set[str]], reason: str
+) -> list[tuple[str, str]]:
+    """Raise, naming the settings and ``reason``, if the runs of a group of ``by`` differ in
+    ``settings``; returns the (folder, setting) pairs taken as agreeing (see
+    :func:`settings_disagreement`)."""
+    assumed = []
+    for key, runs in results.groupby(by, sort=False):
+        mixed, assumptions = settings_disagreement(runs, settings, columns)
+        if mixed:
+            raise ValueError(f"the {'/'.join(map(str, key))} runs differ in their settings {mixed}: {reason}")
+        assumed += assumptions
+    return assumed
+
+
 def read_results(folders: list[Path], kind: Kind, compare: bool = False) -> pd.DataFrame:
     """The folders' rows, one per (task, variant, seed) or, with ``compare``, per (task, variant,
     seed, settings). Without ``compare`` rows of one task and variant must share their settings
     (a blank cell reads as None and must agree like any value; in a file that gained the column
-    later it may also be an older row, which is then refused rather than guessed). A folder whose file has no column for a setting (written
+    later it may also be an older row, which is then refused rather than guessed), and the
+    variants of one task their training protocol (all but ``VARIANT_SETTINGS``), since the table
+    pairs them by seed. A folder whose file has no column for a setting (written
     before it was recorded) is merged as if it had the others' value, with a warning that names
     the folder and the settings so assumed."""
     frames = {}
@@ -99,14 +117,14 @@ def read_results(folders: list[Path], kind: Kind, compare: bool = False) -> pd.D
         return results.drop_duplicates([kind.panel, "variant", "seed", *settings], keep="last").drop(columns=FOLDER)
     results = results.drop_duplicates([kind.panel, "variant", "seed"], keep="last")
     columns = {folder: set(frame.columns) for folder, frame in frames.items()}
+    protocol = [c for c in settings if c not in VARIANT_SETTINGS]
     assumed = defaultdict(set)
-    for (name, variant), runs in results.groupby([kind.panel, "variant"], sort=False):
-        mixed, assumptions = settings_disagreement(runs, settings, columns)
-        if mixed:
-            raise ValueError(f"the {name}/{variant} runs differ in their settings {mixed}: "
-                             "they are not seeds of one experiment")
-        for folder, setting in assumptions:
-            assumed[folder].add(setting)
+    for folder, setting in [
+        *require_agreement(results, [kind.panel, "variant"], settings, columns, "they are not seeds of one experiment"),
+        *require_agreement(results, [kind.panel], protocol, columns,
+                           "variants are paired by seed only if trained alike (only their attention's settings may differ)"),
+    ]:
+        assumed[folder].add(setting)
     for folder, names in assumed.items():
         log.warning("%s does not record %s (its file predates them): its runs are merged as if they "
                     "had the other folders' values", folder, ", ".join(sorted(names)))

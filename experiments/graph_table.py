@@ -14,7 +14,9 @@ from the M samples. Sampling modes: ``attention`` (BAM: q(S | Phi) noise, networ
 Writes into ``--out``: ``rows/*.json`` (one per run and mode; finished runs are skipped, so
 several processes may share a folder), ``results.csv``, ``table.csv``, ``table.md``,
 ``figures/*.png`` and, for BAM-WC, ArviZ diagnostics of the attention of a few test nodes
-(``diagnostics/``). ``python -m analysis.report --out`` folder turns it into a report.
+(``diagnostics/``). ``python -m analysis.report FOLDER`` turns it into a report. A finished run or
+diagnosis is reused only if it was made with the settings asked for (training and sampling),
+else refused by name.
 """
 
 from __future__ import annotations
@@ -65,16 +67,26 @@ def gat_edge_index(edge_index: torch.Tensor, num_nodes: int) -> torch.Tensor:
     return add_self_loops(remove_self_loops(edge_index)[0], num_nodes=num_nodes)[0]
 
 
+def sampling_settings(mode: str, args: argparse.Namespace) -> dict[str, int]:
+    """What a mode's scores depend on besides training: the number of draws and the draws per
+    vectorized pass (the chunks split the random stream, so they change the draws)."""
+    return {"samples": args.samples, "chunk": args.dropout_chunk if "dropout" in mode else args.chunk}
+
+
+def diagnostics_settings(args: argparse.Namespace) -> dict[str, int]:
+    """What the attention diagnostics depend on besides training (``draws``: draws per chain)."""
+    return {"draws": args.samples, "chunk": args.chunk, "chains": args.chains, "diag_nodes": args.diag_nodes}
+
+
 def score_run(model: NodeClassifier, data, mode: str, args: argparse.Namespace, seed: int) -> tuple[dict, np.ndarray]:
-    """Uncertainty metrics of the test nodes from ``args.samples`` draws; also the test nodes'
-    mean predictive probabilities (for reliability diagrams)."""
-    dropout = "dropout" in mode
+    """Uncertainty metrics of the test nodes from ``args.samples`` draws, with the sampling
+    settings; also the test nodes' mean predictive probabilities (for reliability diagrams)."""
+    sampling = sampling_settings(mode, args)
     seed_everything(seed)
     start = time.perf_counter()
     with torch.no_grad():
         draws = predictive_draws(
-            model, (data.x, data.edge_index), args.samples, dropout=dropout,
-            chunk_size=args.dropout_chunk if dropout else args.chunk,
+            model, (data.x, data.edge_index), sampling["samples"], dropout="dropout" in mode, chunk_size=sampling["chunk"],
         )
     seconds = time.perf_counter() - start
     test = data.test_mask.nonzero().flatten()
@@ -83,7 +95,7 @@ def score_run(model: NodeClassifier, data, mode: str, args: argparse.Namespace, 
     metrics = sample_metrics(samples, data.y[test])
     metrics = {k: 100 * v if k in ("accuracy", "ece") or k.startswith("pavpu") else v for k, v in metrics.items()}
     metrics["sample_acc"] = metrics.pop("accuracy")
-    return {**metrics, "mode": mode, "samples": args.samples, "sample_seconds": round(seconds, 2)}, samples.mean(0).numpy()
+    return {**metrics, "mode": mode, **sampling, "sample_seconds": round(seconds, 2)}, samples.mean(0).numpy()
 
 
 def attention_diagnostics(model: NodeClassifier, data, out: Path, args: argparse.Namespace, name: str) -> None:
@@ -113,7 +125,7 @@ def attention_diagnostics(model: NodeClassifier, data, out: Path, args: argparse
     summary = attention_summary(idata)
     summary.to_csv(folder / f"{name}-summary.csv")
     info = dict(
-        nodes=nodes, chains=args.chains, draws=args.samples, entries=len(summary),
+        **diagnostics_settings(args), nodes=nodes, entries=len(summary),
         constant_entries=summary.attrs["constant_entries"],
         ess_bulk_min=float(summary["ess_bulk"].min()), r_hat_max=float(summary["r_hat"].max()),
     )
@@ -122,10 +134,12 @@ def attention_diagnostics(model: NodeClassifier, data, out: Path, args: argparse
     prior_posterior(idata, layers[-1], nodes[0], 0, out / "figures" / f"{name}-prior-posterior.png")
 
 
-def require_recorded_settings(files: Iterable[Path], settings: dict) -> None:
-    """Finished rows are reused only if they were run with ``settings``: raise, naming the
-    settings that differ, for any existing row file that was not."""
-    for file in filter(Path.exists, files):
+def require_recorded_settings(files: Iterable[tuple[Path, dict]]) -> None:
+    """Finished rows and diagnoses are reused only if they were made with the settings asked for:
+    raise, naming the settings that differ, for any existing (file, settings asked for) that was not."""
+    for file, settings in files:
+        if not file.exists():
+            continue
         differing = setting_differences(json.loads(file.read_text()), settings)
         if differing:
             raise ValueError(f"{file} holds a run with other or unrecorded settings: {'; '.join(differing)}. "
@@ -148,8 +162,12 @@ def run_all(args: argparse.Namespace) -> None:
                 first = seed == args.seeds[0]
                 files = {m: out / "rows" / f"{dataset}-{variant}-{seed}-{m.replace('+', '-')}.json" for m in modes_for(variant, first)}
                 settings = settings_for(dataset, variant, seed, {"max_epochs": args.max_epochs})
-                require_recorded_settings(files.values(), settings.row())
-                diag = variant == "wc" and first and not (out / "diagnostics" / f"{dataset}-wc-diagnostics.json").exists()
+                finished = [(file, {**settings.row(), **sampling_settings(mode, args)}) for mode, file in files.items()]
+                diag_file = out / "diagnostics" / f"{dataset}-wc-diagnostics.json"
+                if variant == "wc" and first:
+                    finished.append((diag_file, diagnostics_settings(args)))
+                require_recorded_settings(finished)
+                diag = variant == "wc" and first and not diag_file.exists()
                 if all(f.exists() for f in files.values()) and not diag:
                     continue
                 checkpoint = out / "checkpoints" / f"{dataset}-{variant}-{seed}-{settings_digest(settings.row())}.pt"
@@ -250,8 +268,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--dataset", nargs="+", default=None, choices=sorted(NAMES),
                    help="default: every Planetoid graph whose data is present under the data root")
     p.add_argument("--variant", nargs="+", default=VARIANTS, choices=VARIANTS)
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--samples", type=whole_number(1), default=100, help="posterior draws M per run")
+    p.add_argument("--seeds", nargs="+", type=whole_number(0), default=[0, 1, 2])
+    p.add_argument("--samples", type=whole_number(2), default=100, help="posterior draws M per run (the t-test of PAvPU needs 2)")
     p.add_argument("--chunk", type=whole_number(1), default=100, help="draws per vectorized pass (attention noise)")
     p.add_argument("--dropout-chunk", type=whole_number(1), default=10, help="draws per pass with MC dropout (inputs are copied per draw)")
     p.add_argument("--chains", type=whole_number(1), default=4, help="independent chains for the ArviZ diagnostics")

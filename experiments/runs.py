@@ -19,6 +19,10 @@ from bam_pyro.config import GAMMA_SHAPES, PRIOR_SCOPES, VARIANTS, BamConfig
 
 #: the hyperparameters of ``BamConfig`` (all but the variant): overridable and recorded in every row
 BAM_FIELDS = tuple(f.name for f in dataclasses.fields(BamConfig) if f.name != "variant")
+#: the settings of a variant's attention: ``BamConfig``'s and the KL's weight and annealing rate.
+#: Presets set them per variant; every other setting of a run (optimizer, loss, training length,
+#: data) is its training protocol, which variants compared with each other must share
+VARIANT_SETTINGS = (*BAM_FIELDS, "att_kl", "rho")
 
 
 def whole_number(minimum: int) -> Callable[[str], int]:
@@ -39,7 +43,7 @@ def whole_number(minimum: int) -> Callable[[str], int]:
 def add_run_arguments(parser: argparse.ArgumentParser, default_out: str, data_help: str) -> None:
     """--variant --seeds --data-root --out --threads --no-progress."""
     parser.add_argument("--variant", nargs="+", default=["soft", "wc"], choices=list(VARIANTS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--seeds", nargs="+", type=whole_number(0), default=[0])
     parser.add_argument("--data-root", default=None, help=data_help)
     parser.add_argument("--out", default=default_out, help="output folder: results.csv, table.md, checkpoints/")
     parser.add_argument("--threads", type=whole_number(1), default=min(2, os.cpu_count() or 1), help="torch CPU threads")

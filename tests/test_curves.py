@@ -67,3 +67,20 @@ def test_resuming_with_other_monitors_is_refused():
     stop = EarlyStopping({"val_loss": "min"})
     with pytest.raises(ValueError, match="monitored"):
         stop.load_state_dict(EarlyStopping({"val_acc": "max"}).state_dict())
+
+
+def test_curves_of_runs_with_different_metrics(tmp_path):
+    """GAT and two GLUE tasks in one folder: each run's own metrics, no cell for a metric it lacks."""
+    folder = tmp_path / "mixed" / "checkpoints"
+    train_run(folder / "toy-wc-0-0123456789.pt", 0)
+    glue = {"cola": {"dev_matthews": [10.0, 30.0, 20.0]}, "stsb": {"dev_pearson": [80.0, 85.0, 86.0], "dev_spearmanr": [79.0, 84.0, 83.0]}}
+    for task, metrics in glue.items():  # GLUE's checkpoints: no early stopping, the last epoch is kept
+        history = [{"epoch": e, "loss": 1.0 / (e + 1), **{m: v[e] for m, v in metrics.items()}} for e in range(3)]
+        torch.save({"history": history, "epoch": 3, "early_stopping": None}, folder / f"{task}-wc-0-abcdef0123.pt")
+    table = curves_main([str(tmp_path / "mixed"), "--out", str(tmp_path / "out")]).set_index("run")
+
+    assert table.loc["cola-wc-0", ["kept_epoch", "kept_dev_matthews", "best_dev_matthews", "best_dev_matthews_epoch"]].tolist() == [2, 20.0, 30.0, 1]
+    assert table.loc["stsb-wc-0", ["kept_dev_spearmanr", "best_dev_spearmanr"]].tolist() == [83.0, 84.0]
+    assert pd.isna(table.loc["stsb-wc-0", "kept_dev_matthews"]) and pd.isna(table.loc["cola-wc-0", "kept_val_loss"])
+    assert table.loc["toy-wc-0", "kept_val_loss"] > 0
+    assert (tmp_path / "out" / "curves.png").stat().st_size > 10_000

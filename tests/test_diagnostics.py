@@ -97,3 +97,16 @@ def test_plots_write_png(tmp_path):
     ]
     for path in paths:
         assert path.exists() and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_variant_bars_start_at_zero_and_hold_their_error_bars(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from analysis import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: figures.append(fig) or path)
+    summary = pd.DataFrame(dict(dataset="cora", variant=["soft", "wc"], acc_mean=[81.7, 83.9], acc_std=[0.9, 3.0]))
+    plots.variant_comparison(summary, ["acc"], tmp_path / "variants.png")
+    low, high = figures[0].axes[0].get_ylim()
+    assert low == 0 and high >= 83.9 + 3.0  # bar lengths are the values; no error bar is cut

@@ -23,6 +23,7 @@ from .conftest import random_graph
         (dict(k=0.0), "k must be a finite number > 0"),
         (dict(beta=-1e-10), "beta must be a finite number > 0"),
         (dict(sigma_q=float("nan")), "sigma_q must be a finite number > 0"),
+        (dict(sigma_q=14.0), "sigma_q must be <= 10.0, got 14.0: q's samples .* underflow"),
         (dict(alpha=float("inf")), "alpha must be a finite number > 0"),
         (dict(d_mid=0), "d_mid must be a positive integer"),
         (dict(d_mid=2.5), "d_mid must be a positive integer"),
@@ -123,3 +124,28 @@ def test_invalid_benchmark_sizes_are_named(capsys):
     with pytest.raises(SystemExit):
         bench_main(["gat", "--nodes", "100", "--edges", "0"])
     assert "argument --edges: must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_negative_seeds_are_named(tmp_path, capsys):
+    with pytest.raises(SystemExit):  # refused while parsing: no data root is needed
+        gat_main(["--seeds", "0", "-1", "--data-root", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert "argument --seeds: must be at least 0, got -1" in capsys.readouterr().err
+
+
+def test_planetoid_nan_is_named_at_its_raw_node_and_a_fixed_file_is_read_again(tmp_path, data_root, monkeypatch):
+    import pickle
+    import shutil
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # PyG's processed copies
+    raw = tmp_path / "root" / "planetoid" / "Cora" / "raw"
+    shutil.copytree(data_root / "planetoid" / "Cora" / "raw", raw)
+    allx = raw / "ind.cora.allx"  # the features of nodes 0..1707
+    original = allx.read_bytes()
+    features = pickle.loads(original, encoding="latin1").tolil()
+    features[3, 0] = float("nan")
+    allx.write_bytes(pickle.dumps(features.tocsr()))
+    with pytest.raises(ValueError, match=r"NaN or inf at 1 nodes \(first: \[3\]\)"):  # not all 2708 after normalizing
+        load_planetoid("cora", tmp_path / "root")
+    allx.write_bytes(original)  # fixed: the processed copy of the broken file must not be used
+    data, _, _ = load_planetoid("cora", tmp_path / "root")
+    assert torch.isfinite(data.x).all()

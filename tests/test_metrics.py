@@ -43,6 +43,13 @@ def test_ece_by_hand_and_bins():
     assert M.reliability(np.array([[0.6, 0.4]]), np.array([0]), bins=10).counts[5] == 1
 
 
+def test_ece_weights_bins_by_their_counts():
+    # bin (0.9, 1.0]: 3 items, conf 0.95, acc 2/3; bin (0.5, 0.6]: 1 item, conf 0.55, acc 1
+    probs = np.array([[0.95, 0.05]] * 3 + [[0.55, 0.45]])
+    labels = np.array([0, 0, 1, 0])
+    assert M.expected_calibration_error(probs, labels, bins=10) == pytest.approx((3 * (0.95 - 2 / 3) + 0.45) / 4)
+
+
 def test_entropy_and_mutual_information_of_known_distributions():
     uniform = np.full((1, 4), 0.25)
     assert M.entropy(uniform)[0] == pytest.approx(math.log(4))
@@ -60,11 +67,12 @@ def test_top_two_pvalues_match_student_t_test():
     from scipy import stats
 
     rng = np.random.default_rng(0)
-    a = rng.uniform(0.4, 0.6, size=30)
-    b = (1 - a) * rng.uniform(0.5, 0.9, size=30)
+    a = rng.uniform(0.4, 0.6, size=10)
+    b = (1 - a) * rng.uniform(0.8, 1.0, size=10)
     samples = np.stack([b, a, 1 - a - b], -1)[:, None, :]  # top class (by mean) is index 1
     expected = stats.ttest_ind(a, b, equal_var=True).pvalue
-    assert M.top_two_pvalues(samples)[0] == pytest.approx(expected)
+    assert 0.01 < expected < 0.05  # a moderate p-value, so a relative tolerance tells tests apart
+    assert M.top_two_pvalues(samples)[0] == pytest.approx(expected, rel=1e-9)  # Welch's: 1.001 times it
 
 
 def test_top_two_pvalues_of_constant_draws_are_exact():
@@ -107,6 +115,19 @@ def test_sample_metrics_row():
     row = M.sample_metrics(samples, np.array([0, 0]))
     assert row["accuracy"] == 0.5 and row["mutual_info"] == pytest.approx(0.0)
     assert row["pavpu@0.05"] == 0.5  # both certain, one right
+
+
+def test_sample_metrics_known_answers():
+    # item 0: constant draws (certain), right; item 1: draws alternating, mean (0.55, 0.45), so
+    # predicted 0 but labelled 1 (wrong), top-two t-test p = 0.32 (uncertain)
+    draws = [[[0.52, 0.48], [0.7, 0.3]], [[0.52, 0.48], [0.4, 0.6]]] * 3
+    row = M.sample_metrics(np.array(draws), np.array([0, 1]), bins=10)
+    assert row["accuracy"] == 0.5
+    assert all(row[f"pavpu@{t:g}"] == 1.0 for t in M.PAVPU_THRESHOLDS)  # right and certain, wrong and uncertain
+    assert row["nll"] == pytest.approx(-(math.log(0.52) + math.log(0.45)) / 2)  # of the mean, not the draws' mean
+    assert row["brier"] == pytest.approx((2 * 0.48**2 + 2 * 0.55**2) / 2)
+    # 10 bins: both in (0.5, 0.6], conf 0.535, acc 0.5 (15 bins would part them: 0.515)
+    assert row["ece"] == pytest.approx(0.035)
 
 
 @pytest.mark.parametrize(

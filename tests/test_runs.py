@@ -10,6 +10,7 @@ import pytest
 from analysis.tables import paired_difference
 from experiments.collect import main as collect_main
 from experiments.gat import settings_for
+from experiments.glue import settings_for as glue_settings
 from experiments.runs import ResultsFile
 
 
@@ -151,3 +152,24 @@ def test_collect_compare_keeps_each_setting_apart(tmp_path):
     assert by_k.loc["None", "val_acc"] == "60.00"
     assert by_k.loc["(not recorded)", "val_acc"] == "50.00"
     assert not (tmp_path / "all" / "paired.png").exists()
+
+
+def test_collect_refuses_to_pair_variants_trained_differently(tmp_path):
+    def folder(name, rows):
+        (tmp_path / name).mkdir()
+        pd.DataFrame([dict(row, test_acc=80.0, val_acc=80.0, dev_accuracy=60.0) for row in rows]).to_csv(
+            tmp_path / name / "results.csv", index=False)
+        return str(tmp_path / name)
+
+    short = folder("short", [settings_for("cora", "soft", 0, {"max_epochs": 5}).row()])
+    soft = folder("soft", [settings_for("cora", "soft", 0, {}).row()])
+    wc = folder("wc", [settings_for("cora", "wc", 0, {}).row()])
+    with pytest.raises(ValueError, match=r"the cora runs differ in their settings \{'max_epochs': \['1000', '5'\]\}: "
+                                         r"variants are paired by seed only if trained alike"):
+        collect_main(["gat", short, wc, "--out", str(tmp_path / "all")])
+    # the presets: soft and wc differ in their attention's settings (k, beta, rho, ...) only
+    assert collect_main(["gat", soft, wc, "--out", str(tmp_path / "all")]).loc[("cora", "wc"), "n"] == 1
+    glue_runs = folder("glue", [glue_settings("rte", "soft", 0, "m", {"epochs": 1}).row(),
+                                glue_settings("rte", "wc", 0, "m", {"k": 10.0}).row()])
+    with pytest.raises(ValueError, match=r"the rte runs differ in their settings \{'epochs': \['1', '3'\]\}"):
+        collect_main(["glue", glue_runs, "--out", str(tmp_path / "all")])
