@@ -1,7 +1,8 @@
 """GLUE tasks from their original tsv files: reading, the task's metrics, tokenized batches.
 
 The tsv files live under ``<data root>/glue/<TASK>/{train,dev}.tsv`` (the data root comes from
-``--data-root``, ``$BAM_DATA`` or :func:`bam_pyro.data.resolve_data_root`). Batches are padded
+``--data-root``, ``$BAM_DATA`` or :func:`bam_pyro.data.resolve_data_root`); with no data root
+anywhere, the ``datasets`` library fetches the hub's copy of GLUE into the user cache. Batches are padded
 per batch and drawn from buckets of similar length, which makes CPU finetuning several times
 faster than padding everything to a fixed length.
 """
@@ -56,16 +57,15 @@ TASKS: dict[str, GlueTask] = {
 }
 
 
-def glue_dir(task: str, data_root: Optional[os.PathLike] = None) -> Path:
-    if task not in TASKS:
-        raise ValueError(f"unknown GLUE task {task!r}; expected one of {sorted(TASKS)}")
-    root, _ = resolve_data_root(data_root)
-    return root / "glue" / TASKS[task].folder
-
-
 def read_split(task: str, split: str, data_root: Optional[os.PathLike] = None) -> pd.DataFrame:
     """One split as a DataFrame with columns ``text_a`` (, ``text_b``) and ``label``."""
-    spec, folder = TASKS.get(task), glue_dir(task, data_root)
+    if task not in TASKS:
+        raise ValueError(f"unknown GLUE task {task!r}; expected one of {sorted(TASKS)}")
+    spec = TASKS[task]
+    root, given = resolve_data_root(data_root)
+    if not given:
+        return hub_split(task, split, root)
+    folder = root / "glue" / spec.folder
     require_files(folder, [f"{split}.tsv"], f"GLUE {task}")
     frame = pd.read_csv(
         folder / f"{split}.tsv", sep="\t", quoting=csv.QUOTE_NONE, encoding="utf-8-sig",
@@ -86,6 +86,23 @@ def read_split(task: str, split: str, data_root: Optional[os.PathLike] = None) -
         out["label"] = raw.map(spec.labels).astype(np.int64)
     else:
         out["label"] = raw.astype(np.int64)
+    return out
+
+
+HUB_DATASET = "nyu-mll/glue"
+HUB_SPLITS = {"train": "train", "dev": "validation"}
+
+
+def hub_split(task: str, split: str, cache: Path) -> pd.DataFrame:
+    """One split of the hub's GLUE, fetched by ``datasets`` into ``cache``, in :func:`read_split`'s
+    columns. Its label codes are those of the tsv files (RTE: 0 = entailment)."""
+    from datasets import load_dataset  # imported only where a download can happen
+
+    spec = TASKS[task]
+    frame = load_dataset(HUB_DATASET, task, split=HUB_SPLITS[split], cache_dir=str(cache / "datasets")).to_pandas()
+    texts = ("sentence1", "sentence2") if len(spec.text_columns) == 2 else ("sentence",)
+    out = pd.DataFrame({name: frame[col] for name, col in zip(("text_a", "text_b"), texts)})
+    out["label"] = frame["label"].astype(np.float32 if spec.is_regression else np.int64)
     return out
 
 

@@ -34,6 +34,26 @@ def test_missing_file_is_named(tmp_path):
         read_split("qqp", "train", tmp_path)
 
 
+@pytest.mark.parametrize("task", ["rte", "stsb", "sst2"])
+def test_without_a_data_root_the_hub_copy_is_read_in_the_tsv_columns(task, tmp_path, monkeypatch, data_root):
+    """No data root anywhere (a user's machine): ``datasets`` fetches GLUE from the hub. The hub
+    is out of reach here, so its answer is the tsv's rows in the hub's columns and label codes."""
+    import datasets
+
+    from experiments import glue_data
+
+    tsv = read_split(task, "dev", data_root).head(5)
+    texts = ("sentence1", "sentence2") if "text_b" in tsv else ("sentence",)
+    hub = datasets.Dataset.from_dict({**{c: list(tsv[t]) for c, t in zip(texts, ("text_a", "text_b"))},
+                                      "label": list(tsv["label"]), "idx": list(range(5))})
+    asked = []
+    monkeypatch.setattr(glue_data, "resolve_data_root", lambda root: (tmp_path, False))
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **kw: asked.append((a, kw)) or hub)
+    frame = read_split(task, "dev")
+    assert asked == [(("nyu-mll/glue", task), {"split": "validation", "cache_dir": str(tmp_path / "datasets")})]
+    pd.testing.assert_frame_equal(frame, tsv.reset_index(drop=True))
+
+
 def test_metrics_on_known_cases():
     pred, label = np.array([1, 1, 0, 0, 1]), np.array([1, 0, 0, 1, 1])
     scores = task_metrics("mrpc", pred, label)
