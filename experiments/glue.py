@@ -59,7 +59,7 @@ class RunSettings:
     task: str
     variant: str
     seed: int
-    model: str
+    model: str  # as given (hub name, folder or the MiniLM package's name), resolved when built
     config: BamConfig
     objective: ObjectiveConfig
     lr: float = 5e-5
@@ -170,7 +170,7 @@ def train_glue(
     with ``settings.draws`` > 0, uncertainty metrics of that many posterior samples."""
     seed_everything(settings.seed)
     spec = TASKS[settings.task]
-    bam_model = build_sequence_model(settings.model, spec.num_labels, settings.config, settings.objective)
+    bam_model = build_sequence_model(resolve_pretrained(settings.model), spec.num_labels, settings.config, settings.objective)
     optimizer = torch.optim.AdamW(bam_model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     prefix = settings.scored_on
     trainer = SVITrainer(bam_model, AttentionGuide(bam_model.model), optimizer,
@@ -286,13 +286,12 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     from transformers import AutoTokenizer
 
     torch.set_num_threads(args.threads)
-    model = resolve_pretrained(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_pretrained(args.model))
     out = Path(args.out)
     results = ResultsFile(out, ("task", "variant", "seed"))
     overrides = given_overrides(args, OVERRIDES)
     for task in args.task:
-        settings = [settings_for(task, v, s, model, overrides) for s in args.seeds for v in args.variant]  # paired by seed
+        settings = [settings_for(task, v, s, args.model, overrides) for s in args.seeds for v in args.variant]  # paired by seed
         max_length, max_train, holdout = settings[0].max_length, settings[0].max_train, settings[0].holdout
         train = read_split(task, "train", args.data_root)
         train, scored = (train, read_split(task, "dev", args.data_root)) if holdout is None else holdout_split(train, holdout)

@@ -205,3 +205,22 @@ def test_glue_script_trains_scores_tabulates_and_skips_finished_runs(tmp_path, d
     assert len(pd.read_csv(tmp_path / "glue" / "results.csv")) == 2
     with pytest.raises(ValueError, match=r"draws=2 \(asked for 3\)"):
         glue(argv[:argv.index("--draws") + 1] + ["3"] + argv[argv.index("--draws") + 2:])
+
+
+def test_runs_record_the_model_by_the_name_given_not_where_it_is_installed(tmp_path, data_root, monkeypatch):
+    """The default model's folder is inside the virtual environment; recording the name keeps the
+    records of two checkouts comparable (collect refuses runs whose model differs)."""
+    from experiments import glue
+    from models.transformers_bam import DEFAULT_MODEL
+
+    trained = []
+
+    def train_glue(run, *args, **kwargs):
+        trained.append(run)
+        return {**run.row(), "dev_accuracy": 50.0, "train_loss": 0.7, "seconds": 0.0}
+
+    monkeypatch.setattr(glue, "train_glue", train_glue)
+    glue.main(["--task", "rte", "--variant", "soft", "--data-root", str(data_root), "--out", str(tmp_path),
+               "--max-train", "8", "--threads", "1", "--no-progress"])
+    assert [run.model for run in trained] == [DEFAULT_MODEL]
+    assert pd.read_csv(tmp_path / "results.csv").model.tolist() == [DEFAULT_MODEL]
