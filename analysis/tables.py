@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
+from scipy import stats
+
+#: coverage of the confidence interval printed with a paired difference
+CONFIDENCE = 0.95
 
 
 def format_mean_std(mean: float, std: float, digits: int = 2, sign: str = "") -> str:
@@ -14,6 +20,25 @@ def format_mean_std(mean: float, std: float, digits: int = 2, sign: str = "") ->
 def mean_std(values: pd.Series, sign: str = "") -> str:
     """"mean ± std" of a group's runs (see :func:`format_mean_std`)."""
     return format_mean_std(values.mean(), values.std(ddof=1), sign=sign)
+
+
+def mean_interval(values: pd.Series, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Student-t confidence interval of the mean of ``values`` (NaN bounds for fewer than 2)."""
+    n = len(values)
+    if n < 2:
+        return math.nan, math.nan
+    half = stats.t.ppf(0.5 + confidence / 2, n - 1) * values.std(ddof=1) / math.sqrt(n)
+    return values.mean() - half, values.mean() + half
+
+
+def difference_with_interval(values: pd.Series, digits: int = 2) -> str:
+    """"+mean ± std, 95% CI [low, high]" of paired differences: the interval says whether the
+    data tell the two apart (it excludes 0) or not. One pair gives the mean alone."""
+    text = mean_std(values, sign="+")
+    low, high = mean_interval(values)
+    if math.isnan(low):
+        return text
+    return f"{text}, {CONFIDENCE:.0%} CI [{low:+.{digits}f}, {high:+.{digits}f}]"
 
 
 def summarize(results: pd.DataFrame, by: list[str], metrics: list[str]) -> pd.DataFrame:
@@ -30,7 +55,8 @@ def paired_difference(
     results: pd.DataFrame, by: list[str], metric: str, baseline: str = "soft", pair_on: str = "seed",
 ) -> pd.DataFrame:
     """Per group of ``by`` and variant other than ``baseline``: mean ± std over the runs paired on
-    ``pair_on`` (same seed) of ``metric(variant) - metric(baseline)``, and the number of pairs ``n``.
+    ``pair_on`` (same seed) of ``metric(variant) - metric(baseline)`` with the 95% Student-t
+    confidence interval of that mean, and the number of pairs ``n``.
 
     Seeds share data splits, initial weights and batch order, so the paired difference removes that
     common variation: it is the comparison a mean ± std per variant cannot make.
@@ -42,6 +68,6 @@ def paired_difference(
             diff = (wide[variant] - wide[baseline]).dropna()
             for group, values in diff.groupby(level=by, sort=False):
                 rows[(*(group if isinstance(group, tuple) else (group,)), variant)] = {
-                    "n": len(values), metric: mean_std(values, sign="+")}
+                    "n": len(values), metric: difference_with_interval(values)}
     index = pd.MultiIndex.from_tuples(list(rows), names=[*by, "variant"]) if rows else None
     return pd.DataFrame(list(rows.values()), index=index, columns=["n", metric])

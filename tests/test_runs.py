@@ -4,10 +4,11 @@ merge into one table with paired differences."""
 import multiprocessing
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.tables import paired_difference
+from analysis.tables import mean_interval, paired_difference
 from experiments.collect import main as collect_main
 from experiments.gat import settings_for
 from experiments.glue import settings_for as glue_settings
@@ -87,8 +88,18 @@ def test_paired_difference_pairs_runs_by_seed():
         seed=[0, 0, 1, 1, 2, 0, 0], score=[1.0, 2.0, 3.0, 3.5, 9.0, 5.0, 4.0]))
     table = paired_difference(results, ["task"], "score")
     assert table.loc[("a", "wc"), "n"] == 2  # seed 2 has no soft run to pair with
-    assert table.loc[("a", "wc"), "score"] == "+0.75 ± 0.35"  # (1.0 + 0.5) / 2, std of (1.0, 0.5)
-    assert table.loc[("b", "wc"), "score"] == "-1.00"  # one pair: no spread to show
+    # (1.0 + 0.5) / 2, std of (1.0, 0.5); the interval is 0.75 -+ t(0.975, 1) * 0.354 / sqrt(2), t = 12.706
+    assert table.loc[("a", "wc"), "score"] == "+0.75 ± 0.35, 95% CI [-2.43, +3.93]"
+    assert table.loc[("b", "wc"), "score"] == "-1.00"  # one pair: no spread, no interval to show
+
+
+def test_paired_interval_covers_the_true_difference_at_its_stated_rate():
+    rng = np.random.default_rng(0)
+    trials = 4000
+    differences = rng.normal(loc=0.3, scale=1.0, size=(trials, 5))  # 5 seeds, true mean 0.3
+    bounds = np.array([mean_interval(pd.Series(row)) for row in differences])
+    covered = (bounds[:, 0] <= 0.3) & (0.3 <= bounds[:, 1])
+    assert abs(covered.mean() - 0.95) < 0.015  # a normal quantile (1.96) in place of t(4) covers ~0.88
 
 
 def test_collect_merges_shards_later_folder_wins(tmp_path):
@@ -104,7 +115,7 @@ def test_collect_merges_shards_later_folder_wins(tmp_path):
     table = collect_main(["gat", first, second, "--out", str(tmp_path / "all")])
     merged = pd.read_csv(tmp_path / "all" / "results.csv")
     assert len(merged) == 4 and merged.query("variant == 'soft' and seed == 1").test_acc.item() == 82.0
-    assert table.loc[("cora", "wc"), "test_acc - soft (paired)"] == "+0.50 ± 0.71"  # seed 0: 81 - 80, seed 1: 82 - 82 (the later soft row)
+    assert table.loc[("cora", "wc"), "test_acc - soft (paired)"] == "+0.50 ± 0.71, 95% CI [-5.85, +6.85]"  # seed 0: 81 - 80, seed 1: 82 - 82 (the later soft row)
     assert (tmp_path / "all" / "paired.png").stat().st_size > 0
     with pytest.raises(FileNotFoundError, match="no results.csv"):
         collect_main(["gat", str(tmp_path / "missing"), "--out", str(tmp_path / "x")])
