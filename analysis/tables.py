@@ -24,21 +24,19 @@ def mean_std(values: pd.Series, sign: str = "") -> str:
 
 def mean_interval(values: pd.Series, confidence: float = CONFIDENCE) -> tuple[float, float]:
     """Student-t confidence interval of the mean of ``values`` (NaN bounds for fewer than 2)."""
-    n = len(values)
-    if n < 2:
+    if len(values) < 2:
         return math.nan, math.nan
-    half = stats.t.ppf(0.5 + confidence / 2, n - 1) * values.std(ddof=1) / math.sqrt(n)
-    return values.mean() - half, values.mean() + half
+    return stats.t.interval(confidence, len(values) - 1, loc=values.mean(), scale=stats.sem(values))
 
 
-def difference_with_interval(values: pd.Series, digits: int = 2) -> str:
+def difference_with_interval(values: pd.Series) -> str:
     """"+mean ± std, 95% CI [low, high]" of paired differences: the interval says whether the
     data tell the two apart (it excludes 0) or not. One pair gives the mean alone."""
     text = mean_std(values, sign="+")
     low, high = mean_interval(values)
     if math.isnan(low):
         return text
-    return f"{text}, {CONFIDENCE:.0%} CI [{low:+.{digits}f}, {high:+.{digits}f}]"
+    return f"{text}, {CONFIDENCE:.0%} CI [{low:+.2f}, {high:+.2f}]"
 
 
 def summarize(results: pd.DataFrame, by: list[str], metrics: list[str]) -> pd.DataFrame:
