@@ -23,10 +23,13 @@ def mean_std(values: pd.Series, sign: str = "") -> str:
 
 
 def mean_interval(values: pd.Series, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """Student-t confidence interval of the mean of ``values`` (NaN bounds for fewer than 2)."""
+    """Student-t confidence interval of the mean of ``values`` (NaN bounds for fewer than 2).
+    Written from the t quantile: ``stats.t.interval`` returns NaN when every value is the same
+    (scale 0), where the interval is the point itself."""
     if len(values) < 2:
         return math.nan, math.nan
-    return stats.t.interval(confidence, len(values) - 1, loc=values.mean(), scale=stats.sem(values))
+    half = stats.t.ppf(0.5 + confidence / 2, len(values) - 1) * stats.sem(values)
+    return values.mean() - half, values.mean() + half
 
 
 def difference_with_interval(values: pd.Series) -> str:

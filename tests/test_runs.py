@@ -91,6 +91,9 @@ def test_paired_difference_pairs_runs_by_seed():
     # (1.0 + 0.5) / 2, std of (1.0, 0.5); the interval is 0.75 -+ t(0.975, 1) * 0.354 / sqrt(2), t = 12.706
     assert table.loc[("a", "wc"), "score"] == "+0.75 ± 0.35, 95% CI [-2.43, +3.93]"
     assert table.loc[("b", "wc"), "score"] == "-1.00"  # one pair: no spread, no interval to show
+    same = pd.DataFrame(dict(task="c", variant=["soft", "wc"] * 3, seed=[0, 0, 1, 1, 2, 2],
+                             score=[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]))
+    assert paired_difference(same, ["task"], "score").loc[("c", "wc"), "score"] == "+1.00 ± 0.00, 95% CI [+1.00, +1.00]"
 
 
 def test_paired_interval_covers_the_true_difference_at_its_stated_rate():
