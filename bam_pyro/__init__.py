@@ -5,6 +5,7 @@ from .attention import BayesianAttention
 from .axes import AttentionAxis, DenseKeys, EdgeKeys
 from .config import VARIANTS, BamConfig, ObjectiveConfig
 from .dense import MultiHeadBayesianAttention
+from .guide import AttentionGuide
 from .distributions import prior_distribution, variational_distribution
 from .model import BamModel
 from .prior import ContextualPrior
@@ -13,6 +14,7 @@ from .sites import attention_sampling, attention_sites
 __all__ = [
     "VARIANTS",
     "AttentionAxis",
+    "AttentionGuide",
     "BamConfig",
     "BamModel",
     "BayesianAttention",

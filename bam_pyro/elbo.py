@@ -38,7 +38,7 @@ class AttentionMeanFieldELBO(TraceMeanField_ELBO):
     """``TraceMeanField_ELBO`` without the unused log-densities of attention sites.
 
     Applies to guides that are :class:`~pyro.poutine.guide.GuideMessenger` (such as
-    :class:`guides.AttentionGuide`); any other guide takes the parent's path. The analytic KL of
+    :class:`~bam_pyro.guide.AttentionGuide`); any other guide takes the parent's path. The analytic KL of
     every attention pair is registered by :mod:`bam_pyro.kl`, so the loss equals the parent's.
     """
 

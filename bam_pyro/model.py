@@ -4,7 +4,7 @@
     y ~ p(y | x, S)                                               (declared by the task)
 
 A task subclasses :class:`BamModel` and writes :meth:`BamModel.likelihood`; the guide is
-:class:`guides.AttentionGuide` (``guide = AttentionGuide(bam_model.model)``). Train with
+:class:`~bam_pyro.guide.AttentionGuide` (``guide = AttentionGuide(bam_model.model)``). Train with
 ``pyro.infer.TraceMeanField_ELBO`` so that each site's KL is analytic, given the samples of the
 layers below it (the paper's semi-analytic KL).
 """

@@ -6,7 +6,7 @@ For a :class:`~bam_pyro.model.BamModel`, one draw m gives
     p^m = probs(network(x; S^m))                    class probabilities of every item
     W_l^m                                           attention weights of the chosen layers
 
-``Predictive`` runs the model under :class:`guides.AttentionGuide` (one network pass serves
+``Predictive`` runs the model under :class:`~bam_pyro.guide.AttentionGuide` (one network pass serves
 model and guide) inside its vectorizing plate, so a chunk of draws is one batched pass; chunks
 keep memory bounded for any number of draws. The class probabilities are recorded as the
 deterministic site :data:`PROBS_SITE`, the weights as ``"<site>.weights"``
@@ -37,6 +37,7 @@ from torch import Tensor
 
 from .attention import BayesianAttention
 from .attention_map import AttentionMap
+from .guide import AttentionGuide
 from .model import BamModel
 
 #: deterministic site holding the class probabilities ``[..., items, classes]`` of one draw
@@ -97,8 +98,6 @@ def predictive_draws(
     with_prior: also return each layer's prior location given the draw (the prior of a layer
         depends on the attention samples of the layers below it).
     """
-    from guides import AttentionGuide  # guides builds on bam_pyro: import here, not at load time
-
     if num_samples < 1 or chunk_size < 1:
         raise ValueError(f"num_samples and chunk_size must be >= 1, got {num_samples}, {chunk_size}")
     layers = list(layers or [])

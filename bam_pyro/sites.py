@@ -6,7 +6,7 @@ attention layer with a prior declares one sample site per call,
     S_l ~ p(S_l | keys_l)          (the prior, in the model)
 
 and attaches its scores Phi_l to the site, from which the amortized guide
-(:class:`guides.AttentionGuide`, a ``GuideMessenger``) builds q(S_l | Phi_l). Model and guide
+(:class:`~bam_pyro.guide.AttentionGuide`, a ``GuideMessenger``) builds q(S_l | Phi_l). Model and guide
 therefore share one forward pass of the network; without a guide the site samples the prior.
 
 The site's KL weight (annealing times reduction) is applied with ``poutine.scale``, and

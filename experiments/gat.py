@@ -27,7 +27,7 @@ from experiments.planetoid import NAMES, load_planetoid
 from experiments.runs import (
     BAM_FIELDS, ResultsFile, add_contextual_prior_arguments, add_run_arguments, given_overrides, require_at_least,
 )
-from guides import AttentionGuide
+from bam_pyro import AttentionGuide
 from models.gat import NodeClassifier, build_node_classifier, validate_graph
 
 #: Test accuracy of the paper's Table 1 (mean of 5 runs).

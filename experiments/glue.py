@@ -43,7 +43,7 @@ from experiments.runs import (
     BAM_FIELDS, ResultsFile, add_contextual_prior_arguments, add_run_arguments, given_overrides, require_at_least,
     whole_number,
 )
-from guides import AttentionGuide
+from bam_pyro import AttentionGuide
 from models.transformers_bam import DEFAULT_MODEL, build_sequence_model, resolve_pretrained
 
 #: Weibull shape k per task (paper, Table 9); tasks the paper does not list use 100.

@@ -1,7 +1,7 @@
 """GLUE tasks from their original tsv files: reading, the task's metrics, tokenized batches.
 
 The tsv files live under ``<data root>/glue/<TASK>/{train,dev}.tsv`` (the data root comes from
-``--data-root``, ``$BAM_DATA`` or :func:`bam_pyro.data.resolve_data_root`); with no data root
+``--data-root``, ``$BAM_DATA`` or :func:`experiments.data_root.resolve_data_root`); with no data root
 anywhere, the ``datasets`` library fetches the hub's copy of GLUE into the user cache. Batches are padded
 per batch and drawn from buckets of similar length, which makes CPU finetuning several times
 faster than padding everything to a fixed length.
@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from bam_pyro.data import require_files, resolve_data_root
+from experiments.data_root import require_files, resolve_data_root
 
 
 @dataclass(frozen=True)

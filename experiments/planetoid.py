@@ -11,7 +11,7 @@ from torch_geometric.data import Data
 from torch_geometric.datasets import Planetoid
 from torch_geometric.transforms import NormalizeFeatures
 
-from bam_pyro.data import default_cache, require_files, resolve_data_root
+from experiments.data_root import default_cache, require_files, resolve_data_root
 from models.gat import validate_graph
 
 NAMES = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}

@@ -1,5 +1,4 @@
-"""Amortized guides for models with Bayesian attention."""
+"""Guides with networks of their own (inference networks that read more than the model does).
 
-from .attention import AttentionGuide
-
-__all__ = ["AttentionGuide"]
+The generic amortized attention guide needs no network: it is :class:`bam_pyro.AttentionGuide`.
+"""

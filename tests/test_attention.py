@@ -20,7 +20,7 @@ from bam_pyro import (
 )
 from bam_pyro.normalize import log_normalized
 from experiments.gat import PRESETS
-from guides import AttentionGuide
+from bam_pyro import AttentionGuide
 from models.gat import (
     BayesianGATConv,
     SparseEntriesCache,

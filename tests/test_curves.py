@@ -7,7 +7,7 @@ import torch
 from analysis.curves import main as curves_main
 from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.training import EarlyStopping, SVITrainer, seed_everything
-from guides import AttentionGuide
+from bam_pyro import AttentionGuide
 from models.gat import build_node_classifier
 
 from .conftest import random_graph

@@ -18,7 +18,7 @@ from bam_pyro.distributions import MeanWeibull
 from bam_pyro.elbo import AttentionMeanFieldELBO
 from bam_pyro import attention_map
 from bam_pyro.kl import summed_kl_mean_weibull_gamma
-from guides import AttentionGuide
+from bam_pyro import AttentionGuide
 from models.gat import build_node_classifier
 
 from .conftest import random_graph

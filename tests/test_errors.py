@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from bam_pyro import BamConfig, DenseKeys, EdgeKeys, MultiHeadBayesianAttention, ObjectiveConfig
-from bam_pyro.data import require_files
+from experiments.data_root import require_files
 from experiments.bench import main as bench_main
 from experiments.gat import main as gat_main
 from experiments.gat import settings_for as gat_settings

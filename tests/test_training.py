@@ -9,7 +9,7 @@ from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.training import EarlyStopping, SVITrainer, seed_everything
 from experiments.gat import OVERRIDES, parse_args, settings_for, train_node_classifier
 from experiments.runs import given_overrides
-from guides import AttentionGuide
+from bam_pyro import AttentionGuide
 from models.gat import build_node_classifier
 
 from .conftest import random_graph

@@ -15,7 +15,7 @@ from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.elbo import AttentionMeanFieldELBO
 from bam_pyro.sites import SITE_INFO
 from bam_pyro.training import SVITrainer
-from guides import AttentionGuide
+from bam_pyro import AttentionGuide
 from models.transformers_bam import BAM_ATTRIBUTE, SequenceRegressor, build_sequence_model, to_bam
 
 WC = BamConfig("wc", k=10.0, beta=1e-2, d_mid=5)

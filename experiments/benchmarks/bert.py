@@ -34,7 +34,7 @@ def _training_step(variant: str, model: str, batch: int, length: int, k: float) 
 
     from bam_pyro import BamConfig, ObjectiveConfig
     from bam_pyro.training import SVITrainer, seed_everything
-    from guides import AttentionGuide
+    from bam_pyro import AttentionGuide
     from models.transformers_bam import build_sequence_model
 
     seed_everything(0)

@@ -32,7 +32,7 @@ from experiments.benchmarks.process import RETURN_FREED_BLOCKS, in_fresh_process
 from experiments.gat import TRAINING
 from experiments.planetoid import load_planetoid
 from experiments.runs import whole_number
-from guides import AttentionGuide
+from bam_pyro import AttentionGuide
 from models.gat import build_node_classifier
 
 MODELS = ("gatconv", "soft", "wc")

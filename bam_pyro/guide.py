@@ -14,8 +14,8 @@ from typing import Optional
 import pyro.distributions as dist
 from pyro.poutine.guide import GuideMessenger
 
-from bam_pyro.distributions import variational_distribution
-from bam_pyro.sites import SITE_INFO, AttentionSiteInfo
+from .distributions import variational_distribution
+from .sites import SITE_INFO, AttentionSiteInfo
 
 
 class AttentionGuide(GuideMessenger):

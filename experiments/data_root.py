@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 ENV_VAR = "BAM_DATA"
-_SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+_SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"  # beside the checkout
 
 
 def default_cache() -> Path:
