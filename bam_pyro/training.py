@@ -1,4 +1,4 @@
-"""A generic SVI training loop: early stopping, progress, checkpoint and exact resume.
+"""A generic SVI training loop: early stopping, progress, checkpoints by epoch and by time, exact resume.
 
 One step is ``loss = elbo.differentiable_loss(model.model, guide, *args, **kwargs)`` (by default
 :class:`~bam_pyro.elbo.AttentionMeanFieldELBO`: ``TraceMeanField_ELBO``'s loss, validated on the
@@ -8,7 +8,13 @@ weight decay and its state are the usual ones), then the annealing counter advan
 
 A checkpoint holds everything a continued run depends on: parameters, optimizer state, the
 step counter (a buffer of the model), the early-stopping state with its best parameters, the
-history, the elapsed time and every RNG state. Resuming from it continues bit-for-bit like the uninterrupted run.
+history, the elapsed time, every RNG state and, when written inside an epoch, how far the epoch
+got. It is written every ``checkpoint_every`` epochs and, with ``checkpoint_seconds``, also
+between two steps once that much time has passed since the last one, so a killed run loses at
+most that much work. Resuming continues bit-for-bit like the uninterrupted run: inside an epoch,
+the epoch's batches are rebuilt from the RNG state the epoch started with and the batches
+already done are skipped. Checkpoints hold tensors and plain Python values only and are read
+with ``torch.load(weights_only=True)``, which executes no pickled code.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 import pyro
@@ -41,13 +47,28 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Python's, NumPy's and torch's global RNG states, as tensors and plain values (NumPy's
+    key array becomes a tensor, so that ``torch.load(weights_only=True)`` reads it back)."""
+    numpy_state = np.random.get_state(legacy=False)
+    numpy_state["state"] = {"key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
+                            "pos": int(numpy_state["state"]["pos"])}
+    return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    numpy_state = dict(state["numpy"])
+    numpy_state["state"] = {"key": numpy_state["state"]["key"].numpy().astype(np.uint32),
+                            "pos": numpy_state["state"]["pos"]}
+    np.random.set_state(numpy_state)
     torch.set_rng_state(state["torch"])
+
+
+def metadata_differences(saved: dict[str, Any], expected: dict[str, Any]) -> list[str]:
+    """``name=saved (expected: value)`` for every entry that differs between two flat dicts."""
+    names = sorted(set(saved) | set(expected))
+    return [f"{n}={saved.get(n, 'absent')} (this run: {expected.get(n, 'absent')})"
+            for n in names if saved.get(n) != expected.get(n)]
 
 
 @dataclass
@@ -120,8 +141,12 @@ class FitResult:
 class SVITrainer:
     """Trains a :class:`~bam_pyro.model.BamModel` with its guide by SVI.
 
-    ``checkpoint``: file to save the full training state to every ``checkpoint_every`` epochs
-    and at the end; if it exists when :meth:`fit` starts, the run resumes from it.
+    ``checkpoint``: file to save the full training state to every ``checkpoint_every`` epochs,
+    between steps once ``checkpoint_seconds`` have passed since the last save (None: by epoch
+    only), and at the end; if it exists when :meth:`fit` starts, the run resumes from it.
+    ``metadata``: a flat dict saved with the checkpoint (e.g. the run's settings); a checkpoint
+    whose metadata differs is refused, naming the entries, rather than resumed.
+    ``elbo``: any object with ``differentiable_loss(model, guide, *args, **kwargs)``.
     """
 
     def __init__(
@@ -129,19 +154,29 @@ class SVITrainer:
         model: BamModel,
         guide: Callable,
         optimizer: torch.optim.Optimizer,
-        elbo: Optional[pyro.infer.ELBO] = None,
+        elbo: Optional[Any] = None,
         checkpoint: Optional[os.PathLike] = None,
         checkpoint_every: int = 50,
         grad_clip: Optional[float] = None,
+        checkpoint_seconds: Optional[float] = None,
+        metadata: Optional[dict[str, Any]] = None,
     ) -> None:
         self.model, self.guide, self.optimizer = model, guide, optimizer
         self.elbo = elbo or AttentionMeanFieldELBO()
         self.checkpoint = Path(checkpoint) if checkpoint else None
         self.checkpoint_every = checkpoint_every
+        self.checkpoint_seconds = checkpoint_seconds
+        self.metadata = dict(metadata or {})
         self.grad_clip = grad_clip
         self.epoch = 0
         self.history: list[dict[str, float]] = []
         self.seconds = 0.0  # wall time of the run so far, carried over by a checkpoint
+        # progress inside the current epoch: steps done, their losses, the RNG state it began with
+        self.step_in_epoch = 0
+        self.epoch_losses: list[float] = []
+        self.epoch_rng: Optional[dict[str, Any]] = None
+        self.result: Optional[FitResult] = None
+        self._last_save = time.perf_counter()
 
     def step(self, *args: Any, **kwargs: Any) -> float:
         """One SVI step on one batch; returns the loss (negative ELBO under the objective)."""
@@ -173,29 +208,40 @@ class SVITrainer:
         """Train for up to ``max_epochs`` epochs, each one pass over ``batches()`` followed by
         ``evaluate()`` (called in eval mode, returns validation metrics). At the end the model holds
         the best epoch's parameters when early stopping is on. With ``steps_per_epoch`` (epochs of
-        many batches), a second progress bar follows the steps of the current epoch."""
+        many batches), a second progress bar follows the steps of the current epoch.
+
+        ``batches()`` may shuffle with the global RNG (as a ``DataLoader`` does) or with its own
+        generator seeded by the epoch: a resume inside an epoch replays it from the epoch's start."""
         if self.checkpoint is not None and self.checkpoint.exists():
             self.load(self.checkpoint, early_stopping)
         start = time.perf_counter() - self.seconds  # the run's clock, a resumed run's included
+        self._last_save = time.perf_counter()
         stopped = early_stopping is not None and early_stopping.waited >= early_stopping.patience
         bar = tqdm(total=max_epochs, initial=self.epoch, desc=description, disable=not progress, dynamic_ncols=True, leave=False)
         while self.epoch < max_epochs and not stopped:
-            epoch_batches = batches()
+            epoch_batches = self._epoch_batches(batches)
             if progress and steps_per_epoch:
-                epoch_batches = tqdm(epoch_batches, total=steps_per_epoch, desc=f"epoch {self.epoch + 1}", dynamic_ncols=True, leave=False)
-            losses = [self.step(*args, **kwargs) for args, kwargs in epoch_batches]
+                epoch_batches = tqdm(epoch_batches, total=steps_per_epoch, initial=self.step_in_epoch,
+                                     desc=f"epoch {self.epoch + 1}", dynamic_ncols=True, leave=False)
+            for args, kwargs in epoch_batches:
+                self.epoch_losses.append(self.step(*args, **kwargs))
+                self.step_in_epoch += 1
+                if self._time_to_save():
+                    self.seconds = time.perf_counter() - start
+                    self.save(self.checkpoint, early_stopping)
             self.model.eval()
             with torch.no_grad():
-                metrics = evaluate()
-            record = {"epoch": self.epoch, "loss": float(np.mean(losses)), **metrics}
+                metrics = {name: float(value) for name, value in evaluate().items()}
+            record = {"epoch": self.epoch, "loss": float(np.mean(self.epoch_losses)), **metrics}
             self.history.append(record)
             if early_stopping is not None:
                 stopped = early_stopping.update(metrics, self.epoch, self.model)
             self.epoch += 1
+            self.step_in_epoch, self.epoch_losses, self.epoch_rng = 0, [], None
             self.seconds = time.perf_counter() - start
             bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k != "epoch"}, refresh=False)
             bar.update(1)  # draws the bar with this epoch's figures
-            if self.checkpoint is not None and (self.epoch % self.checkpoint_every == 0 or stopped):
+            if self.checkpoint is not None and (self.epoch % self.checkpoint_every == 0 or stopped or self._time_to_save()):
                 self.save(self.checkpoint, early_stopping)
         bar.close()
         self.seconds = time.perf_counter() - start
@@ -205,17 +251,41 @@ class SVITrainer:
         if early_stopping is not None and early_stopping.best_state is not None:
             self.model.load_state_dict(early_stopping.best_state)
             best_epoch = early_stopping.best_epoch
-        return FitResult(self.epoch, best_epoch, stopped, self.seconds, self.history)
+        self.result = FitResult(self.epoch, best_epoch, stopped, self.seconds, self.history)
+        return self.result
+
+    def _epoch_batches(self, batches: Callable[[], Iterable[Batch]]) -> Iterator[Batch]:
+        """The current epoch's batches; after a resume inside the epoch, those not yet done."""
+        if self.step_in_epoch == 0:
+            self.epoch_rng = rng_state()
+            return iter(batches())
+        resumed_rng = rng_state()
+        set_rng_state(self.epoch_rng)  # build the epoch's batches as they were first built
+        remaining = iter(batches())
+        for done in range(self.step_in_epoch):
+            if next(remaining, None) is None:
+                raise ValueError(f"the checkpoint was written after step {self.step_in_epoch} of epoch "
+                                 f"{self.epoch + 1}, but the epoch has only {done} batches now")
+        set_rng_state(resumed_rng)
+        return remaining
+
+    def _time_to_save(self) -> bool:
+        return (self.checkpoint is not None and self.checkpoint_seconds is not None
+                and time.perf_counter() - self._last_save >= self.checkpoint_seconds)
 
     def state_dict(self, early_stopping: Optional[EarlyStopping] = None) -> dict[str, Any]:
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "epoch": self.epoch,
+            "step_in_epoch": self.step_in_epoch,
+            "epoch_losses": self.epoch_losses,
+            "epoch_rng": self.epoch_rng,
             "history": self.history,
             "seconds": self.seconds,
             "early_stopping": early_stopping.state_dict() if early_stopping else None,
             "rng": rng_state(),
+            "metadata": self.metadata,
         }
 
     def save(self, path: os.PathLike, early_stopping: Optional[EarlyStopping] = None) -> None:
@@ -225,14 +295,23 @@ class SVITrainer:
         tmp = path.with_suffix(path.suffix + ".tmp")
         torch.save(self.state_dict(early_stopping), tmp)
         os.replace(tmp, path)
+        self._last_save = time.perf_counter()
 
     def load(self, path: os.PathLike, early_stopping: Optional[EarlyStopping] = None) -> None:
-        state = torch.load(path, weights_only=False)
+        state = read_checkpoint(path)
+        differing = metadata_differences(state["metadata"], self.metadata)
+        if differing:
+            raise ValueError(f"{path} holds an unfinished run with other settings: {'; '.join(differing)}. "
+                             "Delete it to start again, or choose another output folder.")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.epoch, self.history = state["epoch"], state["history"]
-        self.seconds = state.get("seconds", 0.0)  # absent from checkpoints written before it was kept
+        self.epoch, self.history, self.seconds = state["epoch"], state["history"], state["seconds"]
+        self.step_in_epoch, self.epoch_losses, self.epoch_rng = state["step_in_epoch"], state["epoch_losses"], state["epoch_rng"]
         if early_stopping is not None and state["early_stopping"] is not None:
             early_stopping.load_state_dict(state["early_stopping"])
         set_rng_state(state["rng"])
 
+
+def read_checkpoint(path: os.PathLike) -> dict[str, Any]:
+    """A checkpoint written by :meth:`SVITrainer.save`, read without executing pickled code."""
+    return torch.load(path, map_location="cpu", weights_only=True)

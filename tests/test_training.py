@@ -74,6 +74,63 @@ def test_resume_with_early_stopping_matches_uninterrupted_run(tmp_path):
         assert torch.equal(value, reference.model.state_dict()[name]), name
 
 
+class Crash(Exception):
+    """Stands in for a kill between two steps."""
+
+
+def shuffled_minibatch_trainer(checkpoint=None, crash_after=None):
+    """A trainer whose epochs are 6 minibatches drawn from the *global* torch RNG (as a shuffling
+    DataLoader draws them), checkpointing between every two steps (``checkpoint_seconds=0``);
+    ``crash_after``: raise :class:`Crash` once that many steps have run in this process."""
+    trainer, _, evaluate = make_trainer(checkpoint)
+    trainer.checkpoint_seconds = 0.0
+    x, edge_index, y = random_graph(num_nodes=40, num_edges=160)
+    steps = 0
+
+    def batches():
+        nonlocal steps
+        for nodes in torch.randperm(30).split(5):
+            if crash_after is not None and steps == crash_after:
+                raise Crash
+            steps += 1
+            yield (x, edge_index), dict(y=y, nodes=nodes)
+
+    return trainer, batches, evaluate
+
+
+def test_resume_inside_an_epoch_matches_uninterrupted_run(tmp_path):
+    """Killed after the 9th step (3 into the second epoch), the resumed run rebuilds the epoch's
+    shuffle from the RNG state it began with, skips the 3 batches done and ends bit-for-bit where
+    the uninterrupted run ends; the checkpoint reads back with weights_only=True."""
+    reference, batches, evaluate = shuffled_minibatch_trainer()
+    reference.fit(batches, evaluate, max_epochs=3, progress=False)
+
+    checkpoint = tmp_path / "run.pt"
+    crashed, batches, evaluate = shuffled_minibatch_trainer(checkpoint, crash_after=9)
+    with pytest.raises(Crash):
+        crashed.fit(batches, evaluate, max_epochs=3, progress=False)
+    state = torch.load(checkpoint, weights_only=True)
+    assert (state["epoch"], state["step_in_epoch"], len(state["epoch_losses"])) == (1, 3, 3)
+    torch.manual_seed(12345)
+    resumed, batches, evaluate = shuffled_minibatch_trainer(checkpoint)
+    resumed.fit(batches, evaluate, max_epochs=3, progress=False)
+    assert int(resumed.model.step) == 18
+    for name, value in resumed.model.state_dict().items():
+        assert torch.equal(value, reference.model.state_dict()[name]), name
+    assert resumed.history == reference.history  # the second epoch's loss averages all 6 steps
+
+
+def test_a_checkpoint_of_other_settings_is_refused_by_name(tmp_path):
+    checkpoint = tmp_path / "run.pt"
+    trainer, batches, evaluate = make_trainer(checkpoint)
+    trainer.metadata = {"k": 2.0, "lr": 0.01}
+    trainer.fit(batches, evaluate, max_epochs=1, progress=False)
+    other, batches, evaluate = make_trainer(checkpoint)
+    other.metadata = {"k": 3.0, "lr": 0.01}
+    with pytest.raises(ValueError, match=r"other settings: k=2.0 \(this run: 3.0\)"):
+        other.fit(batches, evaluate, max_epochs=2, progress=False)
+
+
 def test_early_stopping_resets_on_any_improvement_and_keeps_the_best_of_all():
     model = torch.nn.Linear(1, 1)
     stop = EarlyStopping({"loss": "min", "acc": "max"}, patience=2)
