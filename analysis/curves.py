@@ -1,10 +1,10 @@
-"""Training curves from run checkpoints: which epoch early stopping kept, and what the run reached.
+"""Training curves from run records: which epoch early stopping kept, and what the run reached.
 
-``python -m analysis.curves FOLDER... --out DIR`` reads every ``checkpoints/*.pt`` in the
-folders (the trainer's full state: the per-epoch history and the early-stopping record) and
-writes ``curves.csv``, one row per run with the kept epoch's validation metrics next to the best
-each metric reached in the run, ``summary.md`` with their medians per run group, and
-``curves.png``, the validation curves with the kept epochs marked.
+``python -m analysis.curves FOLDER... --out DIR`` reads every run record in the output folders
+(``runs/*/record.json``: the per-epoch history and the early-stopping record) and writes
+``curves.csv``, one row per run with the kept epoch's validation metrics next to the best each
+metric reached in the run, ``summary.md`` with their medians per run group (the runs of one panel
+and variant), and ``curves.png``, the validation curves with the kept epochs marked.
 
 GAT's rule keeps the last epoch that improves validation loss and accuracy together; an accuracy
 peak early in training, while the loss is still falling, can be that epoch. This shows how far
@@ -14,7 +14,6 @@ the kept model's loss (its confidence) is from the run's best.
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -23,11 +22,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
-import torch  # noqa: E402
+
+from experiments.records import read_folders  # noqa: E402
 
 from .plots import save_figure  # noqa: E402
-
-_DIGEST = re.compile(r"-[0-9a-f]{10}$")  # the settings digest of ResultsFile.checkpoint
 
 
 #: metrics where lower is better, for runs without early stopping (or whose checkpoints predate
@@ -42,25 +40,16 @@ def _direction(metric: str, monitors: Optional[dict[str, str]]) -> str:
     return "min" if metric.endswith(LOWER_IS_BETTER) else "max"
 
 
-def read_run(path: Path) -> tuple[pd.DataFrame, dict]:
-    """A checkpoint's history (one row per epoch) and its run record: ``run`` (the file name
-    without the settings digest), ``group`` (``run`` without its last part, the seed), ``epochs``
-    and ``kept_epoch`` (the early-stopping best, else the last epoch)."""
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    if "history" not in state:
-        raise ValueError(f"{path} is not a training checkpoint (no per-epoch history)")
-    history = pd.DataFrame(state["history"])
-    stopping = state.get("early_stopping") or {}
-    kept = stopping.get("best_epoch", -1)
-    run = _DIGEST.sub("", path.stem)
-    record = {
-        "run": run,
-        "group": run.rsplit("-", 1)[0],
-        "epochs": int(state["epoch"]),
-        "kept_epoch": int(kept) if kept >= 0 else int(history["epoch"].iloc[-1]),
-        "monitors": stopping.get("monitors"),
-    }
-    return history, record
+def run_curve(record: dict) -> tuple[pd.DataFrame, dict]:
+    """A record's history (one row per epoch) and what :func:`training_curves` needs of the run:
+    ``run``, ``group`` (the run without its seed), ``epochs``, ``kept_epoch`` and ``monitors``."""
+    training = record.get("training")
+    if not training or not training.get("history"):
+        raise ValueError(f"the run {record.get('run')} has no training history")
+    run = record["run"]
+    return pd.DataFrame(training["history"]), {
+        "run": run, "group": run.rsplit("-seed", 1)[0], "epochs": training["epochs"],
+        "kept_epoch": training["best_epoch"], "monitors": training.get("monitors")}
 
 
 def validation_metrics(history: pd.DataFrame) -> list[str]:
@@ -80,11 +69,14 @@ def kept_versus_best(history: pd.DataFrame, record: dict) -> dict:
     return row
 
 
-def training_curves(histories: dict[str, pd.DataFrame], records: Sequence[dict], path: Path) -> Path:
-    """One column per run group, one row per validation metric of any group (tasks have their
+def training_curves(run_records: Sequence[dict], path: Path) -> Path:
+    """The validation curves of runs (their records). One column per run group, one row per validation metric of any group (tasks have their
     own metrics; a cell whose group's runs lack the metric is left out): a line per run, a dot at the
     kept epoch. The axis leaves out the worst 5% of values (the first epochs), where they would
     squeeze the rest into a band."""
+    curves = [run_curve(r) for r in run_records]
+    histories = {info["run"]: history for history, info in curves}
+    records = [info for _, info in curves]
     groups = list(dict.fromkeys(r["group"] for r in records))
     metrics = list(dict.fromkeys(m for r in records for m in validation_metrics(histories[r["run"]])))
     fig, axes = plt.subplots(
@@ -119,35 +111,21 @@ def training_curves(histories: dict[str, pd.DataFrame], records: Sequence[dict],
     return save_figure(fig, path)
 
 
-def read_runs(folders: Sequence[Path]) -> tuple[dict[str, pd.DataFrame], list[dict]]:
-    """:func:`read_run` of every ``checkpoints/*.pt`` in ``folders``: histories by run, records."""
-    histories, records = {}, []
-    for folder in map(Path, folders):
-        paths = sorted((folder / "checkpoints").glob("*.pt"))
-        if not paths:
-            raise FileNotFoundError(f"no checkpoints in {folder / 'checkpoints'}")
-        for path in paths:
-            history, record = read_run(path)
-            if record["run"] in histories:
-                raise ValueError(f"two checkpoints of the run {record['run']} ({path}): give folders of one setting each")
-            histories[record["run"]] = history
-            records.append(record)
-    return histories, records
-
-
 def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(prog="python -m analysis.curves", description=__doc__.split("\n\n")[0])
-    parser.add_argument("folders", nargs="+", type=Path, help="run folders (each with checkpoints/)")
+    parser.add_argument("folders", nargs="+", type=Path, help="output folders of task scripts (each with runs/*/record.json)")
     parser.add_argument("--out", type=Path, required=True, help="folder for curves.csv, summary.md, curves.png")
     args = parser.parse_args(argv)
-    histories, records = read_runs(args.folders)
-    table = pd.DataFrame([kept_versus_best(histories[r["run"]], r) for r in records])
+    runs = [r for r in read_folders(args.folders) if r.get("training")]
+    for record in runs:
+        record["run"] = f"{record['folder']}/{record['run']}" if len(args.folders) > 1 else record["run"]
+    table = pd.DataFrame([kept_versus_best(*run_curve(r)) for r in runs])
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "curves.csv", index=False)
     summary = table.drop(columns="run").groupby("group", sort=False).median().round(3).add_prefix("median ")
     summary.insert(0, "runs", table.groupby("group", sort=False).size())
     (args.out / "summary.md").write_text(summary.to_markdown() + "\n")
-    training_curves(histories, records, args.out / "curves.png")
+    training_curves(runs, args.out / "curves.png")
     print(summary.to_markdown())
     return table
 

@@ -92,7 +92,9 @@ class Reliability:
 
 
 def reliability(probs, labels, bins: int = 15) -> Reliability:
-    """Confidence (top probability) vs accuracy in ``bins`` equal-width bins ``(i/B, (i+1)/B]``."""
+    """Confidence (top probability) vs accuracy in ``bins`` equal-width bins ``(i/B, (i+1)/B]``.
+    Written here rather than with scikit-learn's ``calibration_curve``, which drops empty bins and
+    returns no counts: ECE weights each bin by its count."""
     if bins < 1:
         raise ValueError(f"bins must be >= 1, got {bins}")
     p = check_probs(probs)
@@ -209,3 +211,14 @@ def sample_metrics(samples, labels, bins: int = 15) -> dict[str, float]:
     for t in PAVPU_THRESHOLDS:
         row[f"pavpu@{t:g}"] = pavpu_counts(correct, pvalues < t).value
     return row
+
+
+#: metrics of :func:`sample_metrics` that tables show in percent
+PERCENT_METRICS = ("accuracy", "ece", *(f"pavpu@{t:g}" for t in PAVPU_THRESHOLDS))
+
+
+def uncertainty_report(samples, labels, prefix: str = "", bins: int = 15) -> dict[str, float]:
+    """:func:`sample_metrics` in the units the tables show (accuracy, ECE and PAvPU in percent),
+    each name prefixed with ``prefix``."""
+    row = sample_metrics(samples, labels, bins)
+    return {prefix + name: 100 * value if name in PERCENT_METRICS else value for name, value in row.items()}

@@ -2,8 +2,9 @@
 
     python -m analysis.report RUN_DIR          writes RUN_DIR/report.md
 
-Reads what the experiment scripts leave in the folder: ``table.md`` (results table),
-``diagnostics/*-diagnostics.json`` and ``*-summary.csv`` (ArviZ), ``figures/*.png``.
+Reads what the task scripts leave in an output folder: ``table.md`` (the tables), the figures of
+the sweep (``figures/*.png``) and of each run (``runs/<run>/figures/*.png``), and each run's ArviZ
+diagnostics (``runs/<run>/diagnostics/*-diagnostics.json`` and ``*-summary.csv``).
 Image links are relative, so the report renders wherever the folder is copied.
 """
 
@@ -28,16 +29,17 @@ CAPTIONS = {
 
 def _figures(run: Path) -> list[str]:
     lines = []
-    for png in sorted((run / "figures").glob("*.png")):
+    for png in [*sorted((run / "figures").glob("*.png")), *sorted(run.glob("runs/*/figures/*.png"))]:
         kind = next((k for k in CAPTIONS if png.stem.endswith(k)), None)
-        lines += [f"![{png.stem}](figures/{png.name})", "", f"*{png.stem}*: {CAPTIONS.get(kind, '')}", ""]
+        name = png.relative_to(run).as_posix()
+        lines += [f"![{png.stem}]({name})", "", f"*{name}*: {CAPTIONS.get(kind, '')}", ""]
     return lines
 
 
 def _diagnostics(run: Path) -> list[str]:
     lines = []
-    for info_file in sorted((run / "diagnostics").glob("*-diagnostics.json")):
-        name = info_file.name.removesuffix("-diagnostics.json")
+    for info_file in sorted(run.glob("runs/*/diagnostics/*-diagnostics.json")):
+        name = f"{info_file.parents[1].name}: {info_file.name.removesuffix('-diagnostics.json')}"
         info = json.loads(info_file.read_text())
         lines += [
             f"### {name}", "",
@@ -48,7 +50,7 @@ def _diagnostics(run: Path) -> list[str]:
             "ESS near the number of draws and R-hat near 1 are expected: they check the sampling code, "
             "not mixing.", "",
         ]
-        summary_file = run / "diagnostics" / f"{name}-summary.csv"
+        summary_file = info_file.with_name(info_file.name.replace("-diagnostics.json", "-summary.csv"))
         if summary_file.exists():
             summary = pd.read_csv(summary_file)
             first = summary[summary["query"] == summary["query"].iloc[0]].head(12)

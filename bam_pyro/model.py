@@ -4,9 +4,27 @@
     y ~ p(y | x, S)                                               (declared by the task)
 
 A task subclasses :class:`BamModel` and writes :meth:`BamModel.likelihood`; the guide is
-:class:`~bam_pyro.guide.AttentionGuide` (``guide = AttentionGuide(bam_model.model)``). Train with
-``pyro.infer.TraceMeanField_ELBO`` so that each site's KL is analytic, given the samples of the
-layers below it (the paper's semi-analytic KL).
+:class:`~bam_pyro.guide.AttentionGuide` (``guide = AttentionGuide(bam_model.model)``).
+
+The objective (the paper's eq. 5), and where each factor of it is applied. Training minimizes
+
+    loss = - w_y * log p(y | x, S)  +  kl_weight * lambda_t * sum_l w_l * KL(q(S_l | Phi_l) || p(S_l | keys_l))
+
+with one draw S ~ q per step (the layers above l see the draw of the layers below: the paper's
+semi-analytic KL) and
+
+- ``lambda_t = sigmoid(t * rho)``, ``t`` = :attr:`BamModel.step` (``ObjectiveConfig.anneal_rate``),
+  times ``kl_weight`` (the paper's att_kl): :meth:`BamModel.kl_scale`, applied to every attention
+  site of model and guide with ``poutine.scale`` (:mod:`bam_pyro.sites`);
+- the reduction (``ObjectiveConfig.reduction``): ``sum`` sets ``w_y = w_l = 1``, the plain ELBO;
+  ``mean`` (the reference code, which the paper's hyperparameters assume) sets ``w_y = 1 / n``
+  (the n observed items; :meth:`BamModel.observe`) and ``w_l = 1 / (L * valid entries of site
+  l)`` (L sites per pass; ``AttentionSites.sample`` in :mod:`bam_pyro.sites`), so the KL term is
+  the per-entry KL averaged over entries and sites;
+- ``KL(q || p)``: each site's analytic KL summed over its valid entries
+  (:class:`~bam_pyro.attention_map.AttentionMap`, closed forms in :mod:`bam_pyro.kl`), which
+  ``TraceMeanField_ELBO`` reads in place of Monte Carlo; :class:`~bam_pyro.elbo.AttentionMeanFieldELBO`
+  is that ELBO without the log-densities of attention sites, which it never reads.
 """
 
 from __future__ import annotations

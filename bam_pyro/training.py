@@ -136,6 +136,7 @@ class FitResult:
     stopped_early: bool
     seconds: float  # wall time of the run (including the part before a resume)
     history: list[dict[str, float]]
+    monitors: Optional[dict[str, str]] = None  # early stopping's metrics and their directions
 
 
 class SVITrainer:
@@ -147,6 +148,7 @@ class SVITrainer:
     ``metadata``: a flat dict saved with the checkpoint (e.g. the run's settings); a checkpoint
     whose metadata differs is refused, naming the entries, rather than resumed.
     ``elbo``: any object with ``differentiable_loss(model, guide, *args, **kwargs)``.
+    ``scheduler``: a learning-rate scheduler stepped after every optimizer step (saved with it).
     """
 
     def __init__(
@@ -160,8 +162,9 @@ class SVITrainer:
         grad_clip: Optional[float] = None,
         checkpoint_seconds: Optional[float] = None,
         metadata: Optional[dict[str, Any]] = None,
+        scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = None,
     ) -> None:
-        self.model, self.guide, self.optimizer = model, guide, optimizer
+        self.model, self.guide, self.optimizer, self.scheduler = model, guide, optimizer, scheduler
         self.elbo = elbo or AttentionMeanFieldELBO()
         self.checkpoint = Path(checkpoint) if checkpoint else None
         self.checkpoint_every = checkpoint_every
@@ -192,6 +195,8 @@ class SVITrainer:
         if self.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         self.model.step += 1
         return loss.item()
 
@@ -251,7 +256,8 @@ class SVITrainer:
         if early_stopping is not None and early_stopping.best_state is not None:
             self.model.load_state_dict(early_stopping.best_state)
             best_epoch = early_stopping.best_epoch
-        self.result = FitResult(self.epoch, best_epoch, stopped, self.seconds, self.history)
+        monitors = early_stopping.monitors if early_stopping is not None else None
+        self.result = FitResult(self.epoch, best_epoch, stopped, self.seconds, self.history, monitors)
         return self.result
 
     def _epoch_batches(self, batches: Callable[[], Iterable[Batch]]) -> Iterator[Batch]:
@@ -277,6 +283,7 @@ class SVITrainer:
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "epoch": self.epoch,
             "step_in_epoch": self.step_in_epoch,
             "epoch_losses": self.epoch_losses,
@@ -305,6 +312,8 @@ class SVITrainer:
                              "Delete it to start again, or choose another output folder.")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
         self.epoch, self.history, self.seconds = state["epoch"], state["history"], state["seconds"]
         self.step_in_epoch, self.epoch_losses, self.epoch_rng = state["step_in_epoch"], state["epoch_losses"], state["epoch_rng"]
         if early_stopping is not None and state["early_stopping"] is not None:

@@ -1,4 +1,4 @@
-"""GLUE tasks from their original tsv files: reading, the task's metrics, tokenized batches.
+"""GLUE tasks from their original tsv files: reading, splits, the task's metrics, tokenized batches.
 
 The tsv files live under ``<data root>/glue/<TASK>/{train,dev}.tsv`` (the data root comes from
 ``--data-root``, ``$BAM_DATA`` or :func:`experiments.data_root.resolve_data_root`); with no data root
@@ -19,6 +19,8 @@ import numpy as np
 import pandas as pd
 import torch
 from scipy import stats
+from sklearn.metrics import f1_score, matthews_corrcoef
+from transformers import AutoTokenizer, DataCollatorWithPadding
 
 from experiments.data_root import require_files, resolve_data_root
 
@@ -115,20 +117,12 @@ def accuracy(pred: np.ndarray, label: np.ndarray) -> float:
 
 def f1(pred: np.ndarray, label: np.ndarray) -> float:
     """F1 of the positive class (1), as GLUE scores MRPC."""
-    tp = np.sum((pred == 1) & (label == 1))
-    denominator = np.sum(pred == 1) + np.sum(label == 1)
-    return float(2 * tp / denominator) if denominator else 0.0
+    return float(f1_score(label, pred, zero_division=0.0))
 
 
 def matthews(pred: np.ndarray, label: np.ndarray) -> float:
-    """Matthews correlation of binary predictions; 0 when a row or column of the confusion
-    matrix is empty (a constant predictor), as scikit-learn does."""
-    tp = float(np.sum((pred == 1) & (label == 1)))
-    tn = float(np.sum((pred == 0) & (label == 0)))
-    fp = float(np.sum((pred == 1) & (label == 0)))
-    fn = float(np.sum((pred == 0) & (label == 1)))
-    denominator = np.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
-    return float((tp * tn - fp * fn) / denominator) if denominator else 0.0
+    """Matthews correlation (0 for a constant predictor)."""
+    return float(matthews_corrcoef(label, pred))
 
 
 def pearson(pred: np.ndarray, label: np.ndarray) -> float:
@@ -170,23 +164,16 @@ def encode(frame: pd.DataFrame, tokenizer, max_length: int) -> Encoded:
     return Encoded(tokens["input_ids"], tokens["token_type_ids"], torch.tensor(frame["label"].to_numpy()))
 
 
-def collate(data: Encoded, index: np.ndarray, pad_id: int) -> tuple[tuple, dict]:
-    """Pad the examples ``index`` to their longest: ``((input_ids, attention_mask, token_type_ids), {"labels"})``."""
-    length = max(len(data.input_ids[i]) for i in index)
-    ids = torch.full((len(index), length), pad_id, dtype=torch.long)
-    types = torch.zeros((len(index), length), dtype=torch.long)
-    mask = torch.zeros((len(index), length), dtype=torch.long)
-    for row, i in enumerate(index):
-        n = len(data.input_ids[i])
-        ids[row, :n] = torch.as_tensor(data.input_ids[i])
-        types[row, :n] = torch.as_tensor(data.token_type_ids[i])
-        mask[row, :n] = 1
-    return (ids, mask, types), {"labels": data.labels[index]}
+def collate(data: Encoded, index: np.ndarray, collator: DataCollatorWithPadding) -> tuple[tuple, dict]:
+    """The examples ``index`` padded to their longest by transformers' collator:
+    ``((input_ids, attention_mask, token_type_ids), {"labels"})``."""
+    padded = collator([{"input_ids": data.input_ids[i], "token_type_ids": data.token_type_ids[i]} for i in index])
+    return (padded["input_ids"], padded["attention_mask"], padded["token_type_ids"]), {"labels": data.labels[index]}
 
 
 def batches(
-    data: Encoded, batch_size: int, pad_id: int, shuffle: bool, rng: Optional[np.random.Generator] = None,
-    bucket: int = 50,
+    data: Encoded, batch_size: int, collator: DataCollatorWithPadding, shuffle: bool,
+    rng: Optional[np.random.Generator] = None, bucket: int = 50,
 ) -> Iterator[tuple[tuple, dict]]:
     """Batches of similar length. With ``shuffle``, examples are shuffled, sorted by length within
     chunks of ``bucket`` batches, and the batches are shuffled; without it, the whole split is
@@ -203,4 +190,44 @@ def batches(
     if shuffle:
         groups = [groups[i] for i in rng.permutation(len(groups))]
     for group in groups:
-        yield collate(data, group, pad_id)
+        yield collate(data, group, collator)
+
+
+# --- the data of one task's runs ------------------------------------------------------------
+
+
+@dataclass
+class GlueData:
+    """What one task's runs train and are scored on (``scored``: the dev or held-out split)."""
+
+    train: Encoded
+    scored: Encoded
+    collator: DataCollatorWithPadding
+
+
+def subset(frame: pd.DataFrame, size: Optional[int]) -> pd.DataFrame:
+    """The first ``size`` rows of a fixed permutation (the same subset for every run)."""
+    if size is None or size >= len(frame):
+        return frame
+    return frame.iloc[np.random.default_rng(0).permutation(len(frame))[:size]].reset_index(drop=True)
+
+
+def holdout_split(frame: pd.DataFrame, size: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(rest, held out): ``size`` examples held out of a training set by a fixed permutation, the
+    same for every run, so hyperparameters can be chosen without looking at the dev set."""
+    if not 0 < size < len(frame):
+        raise ValueError(f"holdout must be between 1 and {len(frame) - 1} "
+                         f"(the training set has {len(frame)} examples), got {size}")
+    order = np.random.default_rng(1).permutation(len(frame))
+    return frame.iloc[order[size:]].reset_index(drop=True), frame.iloc[order[:size]].reset_index(drop=True)
+
+
+def load_glue(task: str, tokenizer_path: str, max_length: int, max_train: Optional[int],
+              holdout: Optional[int], data_root: Optional[os.PathLike] = None) -> GlueData:
+    """Tokenized training split (a fixed subset of ``max_train``) and scored split (dev, or
+    ``holdout`` examples held out of training)."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    train = read_split(task, "train", data_root)
+    train, scored = (train, read_split(task, "dev", data_root)) if holdout is None else holdout_split(train, holdout)
+    return GlueData(encode(subset(train, max_train), tokenizer, max_length), encode(scored, tokenizer, max_length),
+                    DataCollatorWithPadding(tokenizer, return_tensors="pt"))

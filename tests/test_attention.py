@@ -19,7 +19,7 @@ from bam_pyro import (
     variational_distribution,
 )
 from bam_pyro.normalize import log_normalized
-from experiments.gat import PRESETS
+from experiments.gat import PRESETS, TASK
 from bam_pyro import AttentionGuide
 from models.gat import (
     BayesianGATConv,
@@ -143,8 +143,8 @@ EXTREMES = [(dataset, variant, params) for dataset, by_variant in PRESETS.items(
 @pytest.mark.parametrize("dataset, variant, params", EXTREMES, ids=[f"{d}-{v}" for d, v, _ in EXTREMES])
 def test_svi_gradients_finite_at_paper_hyperparameters(dataset, variant, params):
     x, edge_index, y = random_graph()
-    config = BamConfig(variant, **{k: v for k, v in params.items() if k != "rho"})
-    model = build_node_classifier(x.size(1), 3, config, ObjectiveConfig(kl_weight=10.0, anneal_rate=params.get("rho")))
+    settings = TASK.settings_for(dataset, variant, 0, {})
+    model = build_node_classifier(x.size(1), 3, settings.attention, ObjectiveConfig(kl_weight=10.0, anneal_rate=settings.anneal_rate))
     guide = AttentionGuide(model.model)
     for _ in range(3):
         loss = TraceMeanField_ELBO().differentiable_loss(model.model, guide, x, edge_index, y=y)

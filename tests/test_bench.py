@@ -33,11 +33,11 @@ def test_bert_bench_prints_times_memory_and_ratios(capsys, tiny_bert_folder):
 def test_predictive_bench_samples_a_saved_model_in_a_fresh_process(tmp_path, cora, data_root):
     import torch
 
-    from experiments.gat import settings_for
+    from experiments.gat import TASK, build_model
 
     data, num_features, num_classes = cora
     checkpoint = tmp_path / "wc.pt"
-    torch.save(settings_for("cora", "wc", 0, {}).build_model(num_features, num_classes).state_dict(), checkpoint)
+    torch.save(build_model(TASK.settings_for("cora", "wc", 0, {}), num_features, num_classes).state_dict(), checkpoint)
     figures = predictive.main(["--samples", "3", "--chunk", "2", "--repeats", "2", "--data-root", str(data_root),
                                "--checkpoint", str(checkpoint)])
     assert figures["nodes"] == data.num_nodes and len(figures["seconds_all"]) == 2

@@ -1,4 +1,4 @@
-"""analysis.curves: the kept epoch and the run's best read back from real training checkpoints."""
+"""analysis.curves: the kept epoch and the run's best read back from the records of real training runs."""
 
 import pandas as pd
 import pytest
@@ -8,18 +8,25 @@ from analysis.curves import main as curves_main
 from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.training import EarlyStopping, SVITrainer, seed_everything
 from bam_pyro import AttentionGuide
+from experiments.records import RunFolder, new_record
 from models.gat import build_node_classifier
 
 from .conftest import random_graph
 
 
-def train_run(checkpoint, seed: int) -> tuple[list[dict], int]:
-    """A tiny GAT trained for 25 epochs with GAT's early-stopping rule; (history, kept epoch)."""
+def save_record(out, name: str, history: list[dict], kept: int, monitors=None) -> None:
+    training = {"epochs": len(history), "best_epoch": kept, "monitors": monitors, "history": history, "seconds": 1.0}
+    RunFolder(out).save(name, new_record("toy", {"seed": 0}, {}, training, 1.0))
+
+
+def train_run(out, name: str, seed: int) -> tuple[list[dict], int]:
+    """A tiny GAT trained for 25 epochs with GAT's early-stopping rule, its record saved in
+    ``out``; (history, kept epoch)."""
     seed_everything(seed)
     x, edge_index, y = random_graph(num_nodes=40, num_edges=160, seed=seed)
     model = build_node_classifier(x.size(1), 3, BamConfig("wc", k=2.0), ObjectiveConfig(anneal_rate=0.3), dropout=0.5)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
-    trainer = SVITrainer(model, AttentionGuide(model.model), optimizer, checkpoint=checkpoint)
+    trainer = SVITrainer(model, AttentionGuide(model.model), optimizer)
     batch = ((x, edge_index), dict(y=y, nodes=torch.arange(20)))
 
     def evaluate():
@@ -29,17 +36,17 @@ def train_run(checkpoint, seed: int) -> tuple[list[dict], int]:
 
     stopping = EarlyStopping({"val_loss": "min", "val_acc": "max"}, patience=100)
     result = trainer.fit(lambda: [batch], evaluate, 25, stopping, progress=False)
+    save_record(out, name, result.history, result.best_epoch, result.monitors)
     return result.history, result.best_epoch
 
 
 def test_curves_report_the_kept_epoch_and_each_metrics_best(tmp_path):
     runs = {}
     for seed in (0, 1):
-        checkpoint = tmp_path / "gat" / "checkpoints" / f"toy-wc-{seed}-0123456789.pt"
-        runs[f"toy-wc-{seed}"] = train_run(checkpoint, seed)
+        runs[f"toy-wc-seed{seed}"] = train_run(tmp_path / "gat", f"toy-wc-seed{seed}", seed)
     table = curves_main([str(tmp_path / "gat"), "--out", str(tmp_path / "out")])
 
-    assert list(table["run"]) == ["toy-wc-0", "toy-wc-1"]  # the settings digest is dropped
+    assert list(table["run"]) == ["toy-wc-seed0", "toy-wc-seed1"]
     assert (table["group"] == "toy-wc").all()
     for _, row in table.iterrows():
         history, kept = runs[row["run"]]
@@ -54,12 +61,8 @@ def test_curves_report_the_kept_epoch_and_each_metrics_best(tmp_path):
     assert (tmp_path / "out" / "curves.png").stat().st_size > 10_000
 
 
-def test_curves_name_a_folder_without_checkpoints_and_a_file_that_is_not_one(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no checkpoints in"):
-        curves_main([str(tmp_path), "--out", str(tmp_path / "out")])
-    (tmp_path / "checkpoints").mkdir()
-    torch.save({"model": {}}, tmp_path / "checkpoints" / "weights.pt")
-    with pytest.raises(ValueError, match="weights.pt is not a training checkpoint"):
+def test_curves_name_a_folder_without_runs(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no finished runs in"):
         curves_main([str(tmp_path), "--out", str(tmp_path / "out")])
 
 
@@ -71,16 +74,16 @@ def test_resuming_with_other_monitors_is_refused():
 
 def test_curves_of_runs_with_different_metrics(tmp_path):
     """GAT and two GLUE tasks in one folder: each run's own metrics, no cell for a metric it lacks."""
-    folder = tmp_path / "mixed" / "checkpoints"
-    train_run(folder / "toy-wc-0-0123456789.pt", 0)
-    glue = {"cola": {"dev_matthews": [10.0, 30.0, 20.0]}, "stsb": {"dev_pearson": [80.0, 85.0, 86.0], "dev_spearmanr": [79.0, 84.0, 83.0]}}
-    for task, metrics in glue.items():  # GLUE's checkpoints: no early stopping, the last epoch is kept
+    folder = tmp_path / "mixed"
+    train_run(folder, "toy-wc-seed0", 0)
+    glue = {"cola": {"matthews": [10.0, 30.0, 20.0]}, "stsb": {"pearson": [80.0, 85.0, 86.0], "spearman": [79.0, 84.0, 83.0]}}
+    for task, metrics in glue.items():  # GLUE's runs: no early stopping, the last epoch is kept
         history = [{"epoch": e, "loss": 1.0 / (e + 1), **{m: v[e] for m, v in metrics.items()}} for e in range(3)]
-        torch.save({"history": history, "epoch": 3, "early_stopping": None}, folder / f"{task}-wc-0-abcdef0123.pt")
-    table = curves_main([str(tmp_path / "mixed"), "--out", str(tmp_path / "out")]).set_index("run")
+        save_record(folder, f"{task}-wc-seed0", history, 2)
+    table = curves_main([str(folder), "--out", str(tmp_path / "out")]).set_index("run")
 
-    assert table.loc["cola-wc-0", ["kept_epoch", "kept_dev_matthews", "best_dev_matthews", "best_dev_matthews_epoch"]].tolist() == [2, 20.0, 30.0, 1]
-    assert table.loc["stsb-wc-0", ["kept_dev_spearmanr", "best_dev_spearmanr"]].tolist() == [83.0, 84.0]
-    assert pd.isna(table.loc["stsb-wc-0", "kept_dev_matthews"]) and pd.isna(table.loc["cola-wc-0", "kept_val_loss"])
-    assert table.loc["toy-wc-0", "kept_val_loss"] > 0
+    assert table.loc["cola-wc-seed0", ["kept_epoch", "kept_matthews", "best_matthews", "best_matthews_epoch"]].tolist() == [2, 20.0, 30.0, 1]
+    assert table.loc["stsb-wc-seed0", ["kept_spearman", "best_spearman"]].tolist() == [83.0, 84.0]
+    assert pd.isna(table.loc["stsb-wc-seed0", "kept_matthews"]) and pd.isna(table.loc["cola-wc-seed0", "kept_val_loss"])
+    assert table.loc["toy-wc-seed0", "kept_val_loss"] > 0
     assert (tmp_path / "out" / "curves.png").stat().st_size > 10_000

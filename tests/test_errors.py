@@ -6,9 +6,9 @@ import torch
 from bam_pyro import BamConfig, DenseKeys, EdgeKeys, MultiHeadBayesianAttention, ObjectiveConfig
 from experiments.data_root import require_files
 from experiments.bench import main as bench_main
+from experiments.gat import TASK as GAT
 from experiments.gat import main as gat_main
-from experiments.gat import settings_for as gat_settings
-from experiments.glue import settings_for as glue_settings
+from experiments.glue import TASK as GLUE
 from experiments.planetoid import load_planetoid
 from models.gat import validate_graph
 from models.transformers_bam import resolve_pretrained
@@ -98,19 +98,19 @@ def test_unknown_dataset_and_variant_on_the_command_line():
         (dict(epochs=0), "epochs must be a finite number >= 1"),
         (dict(lr=-1e-5), "lr must be a finite number > 0"),
         (dict(weight_decay=-0.1), "weight_decay must be a finite number >= 0"),
-        (dict(warmup=1.0), "warmup is the fraction of steps"),
+        (dict(warmup=1.0), r"warmup must be a fraction of the steps in \[0, 1\)"),
     ],
 )
 def test_invalid_finetuning_settings_are_named(overrides, message):
     with pytest.raises(ValueError, match=message):
-        glue_settings("rte", "wc", 0, "model", overrides)
+        GLUE.settings_for("rte", "wc", 0, overrides)
 
 
 def test_invalid_training_settings_are_named():
     with pytest.raises(ValueError, match="max_epochs must be a finite number >= 1, got 0"):
-        gat_settings("cora", "wc", 0, {"max_epochs": 0})
+        GAT.settings_for("cora", "wc", 0, {"max_epochs": 0})
     with pytest.raises(ValueError, match="lr must be a finite number > 0"):
-        gat_settings("cora", "soft", 0, {"lr": float("nan")})
+        GAT.settings_for("cora", "soft", 0, {"lr": float("nan")})
 
 
 def test_a_missing_model_folder_is_named(tmp_path):

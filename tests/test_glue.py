@@ -1,14 +1,26 @@
 """GLUE data from the shared tsv files, the GLUE metrics, and length-bucketed batches."""
 
+import dataclasses
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from experiments.glue import (
-    holdout_split, linear_schedule, parse_args, score_metrics, settings_for, side_by_side, subset, uncertainty_metrics,
-)
-from experiments.glue_data import TASKS, Encoded, batches, matthews, read_split, task_metrics
+from analysis.metrics import uncertainty_report
+from experiments.glue import TASK, scores, side_by_side
+from experiments.glue_data import TASKS, Encoded, batches, holdout_split, matthews, read_split, subset, task_metrics
+
+
+def settings_for(task, variant, seed, model, overrides):
+    return TASK.settings_for(task, variant, seed, {"model": model, **overrides})
+
+
+def collator():
+    from transformers import AutoTokenizer, DataCollatorWithPadding
+
+    from models.transformers_bam import DEFAULT_MODEL, resolve_pretrained
+
+    return DataCollatorWithPadding(AutoTokenizer.from_pretrained(resolve_pretrained(DEFAULT_MODEL)), return_tensors="pt")
 
 SIZES = {"rte": (2490, 277), "mrpc": (3668, 408), "cola": (8551, 1043), "stsb": (5749, 1500), "sst2": (67349, 872)}
 
@@ -70,31 +82,27 @@ def test_metrics_on_known_cases():
 
 def test_scores_predict_the_top_class_and_uncertainty_is_in_percent():
     outputs = np.array([[2.0, 1.0], [0.0, 3.0], [1.0, 0.0], [5.0, 4.0]])
-    assert score_metrics("rte", outputs, np.array([0, 1, 1, 0])) == {"accuracy": 75.0}  # the lowest class: 25
+    assert scores("rte", outputs, np.array([0, 1, 1, 0])) == {"accuracy": 75.0}  # the lowest class: 25
     # two identical draws, 0.8 on class 0 for both items, one of them right: ECE |0.5 - 0.8|; the
     # t-test finds both certain, so PAvPU is the accuracy
     samples = np.tile([[0.8, 0.2]], (2, 2, 1))
-    metrics = uncertainty_metrics(samples, np.array([0, 1]))
+    metrics = uncertainty_report(samples, np.array([0, 1]))
     assert metrics["ece"] == pytest.approx(30.0) and metrics["pavpu@0.05"] == pytest.approx(50.0)
     assert metrics["nll"] == pytest.approx(-(np.log(0.8) + np.log(0.2)) / 2)
 
 
-def test_draws_are_zero_or_at_least_two_and_recorded_for_classification_only(capsys):
-    assert parse_args(["--draws", "0"]).draws == 0 and parse_args(["--draws", "2"]).draws == 2
-    with pytest.raises(SystemExit):
-        parse_args(["--draws", "1"])
-    assert "--draws: must be 0" in capsys.readouterr().err
+def test_draws_are_zero_or_at_least_two_and_kept_for_classification_only():
     with pytest.raises(ValueError, match="draws must be 0"):
         settings_for("rte", "wc", 0, "model", {"draws": 1})
     assert settings_for("rte", "wc", 0, "model", {"draws": 5}).row()["draws"] == 5
-    assert settings_for("stsb", "wc", 0, "model", {"draws": 5}).row()["draws"] is None  # regression: no uncertainty
+    assert settings_for("stsb", "wc", 0, "model", {"draws": 5}).row()["draws"] == 0  # regression: no uncertainty
 
 
 def test_batches_pad_per_batch_and_cover_everything():
     lengths = [3, 9, 4, 7, 5, 2, 8]
     data = Encoded([list(range(1, n + 1)) for n in lengths], [[0] * n for n in lengths], torch.arange(7))
     seen = []
-    for (ids, mask, types), targets in batches(data, 3, pad_id=0, shuffle=True, rng=np.random.default_rng(0)):
+    for (ids, mask, types), targets in batches(data, 3, collator(), shuffle=True, rng=np.random.default_rng(0)):
         assert ids.shape == mask.shape == types.shape
         assert ids.shape[1] == mask.sum(1).max()  # padded to the batch's longest only
         assert torch.equal(mask.sum(1), torch.tensor([lengths[i] for i in targets["labels"]]))
@@ -102,14 +110,11 @@ def test_batches_pad_per_batch_and_cover_everything():
     assert sorted(seen) == list(range(7))
 
 
-def test_schedule_subset_and_table():
-    assert linear_schedule(0, 100, 10) == pytest.approx(0.1)
-    assert linear_schedule(10, 100, 10) == pytest.approx(1.0)
-    assert linear_schedule(100, 100, 10) == 0.0
+def test_subset_and_table():
     frame = pd.DataFrame({"x": range(10)})
     assert subset(frame, 4).equals(subset(frame, 4)) and len(subset(frame, 4)) == 4
     results = pd.DataFrame({"task": ["rte"] * 4, "variant": ["soft", "soft", "wc", "wc"], "seed": [0, 1, 0, 1],
-                            "dev_accuracy": [60.0, 62.0, 63.0, 65.0]})
+                            "holdout": None, "accuracy": [60.0, 62.0, 63.0, 65.0]})
     table = side_by_side(results)
     assert table.loc[("rte", "accuracy"), "soft"] == "61.00 ± 1.41"
     assert table.loc[("rte", "accuracy"), "wc"] == "64.00 ± 1.41"
@@ -122,25 +127,23 @@ def test_holdout_split_is_fixed_disjoint_and_scored_apart_from_dev():
     assert len(held_out) == 8 and len(rest) == 42
     assert set(rest.text_a).isdisjoint(held_out.text_a) and set(rest.text_a) | set(held_out.text_a) == set(frame.text_a)
     assert held_out.equals(holdout_split(frame, 8)[1])  # the same split for every run and variant
-    with pytest.raises(ValueError, match="--holdout must be between 1 and 49"):
+    with pytest.raises(ValueError, match="holdout must be between 1 and 49"):
         holdout_split(frame, 50)
     run = settings_for("mrpc", "wc", 0, "model", {"holdout": 8})
     assert run.scored_on == "heldout" and run.row()["holdout"] == 8
     assert settings_for("mrpc", "wc", 0, "model", {}).scored_on == "dev"
     results = pd.DataFrame({"task": "mrpc", "variant": ["soft", "wc"], "seed": 0, "holdout": 8,
-                            "heldout_accuracy": [70.0, 72.0], "heldout_f1": [80.0, 81.0]})
+                            "accuracy": [70.0, 72.0], "f1": [80.0, 81.0]})
     table = side_by_side(results)
     assert table.loc[("mrpc", "f1"), "split"] == "heldout" and table.loc[("mrpc", "f1"), "wc"] == "81.00"
     assert "paper (ALBERT soft -> WC)" not in table  # the paper's figures are dev scores
-    with pytest.raises(ValueError, match="mix dev and held-out"):
-        side_by_side(results.assign(holdout=[8, None]))
 
 
 def test_posterior_probs_vary_for_bam_only():
     from transformers import BertConfig, BertForSequenceClassification
 
     from bam_pyro import BamConfig, ObjectiveConfig
-    from experiments.glue import posterior_probs, uncertainty_metrics
+    from experiments.glue import posterior_probs
     from models.transformers_bam import build_sequence_model
 
     config = BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
@@ -148,22 +151,23 @@ def test_posterior_probs_vary_for_bam_only():
     data = Encoded([list(range(5, 5 + n)) for n in lengths], [[0] * n for n in lengths], torch.tensor([0, 1, 1, 0]))
     for variant in ("soft", "wc"):
         model = build_sequence_model(BertForSequenceClassification(config), 2, BamConfig(variant, k=5.0), ObjectiveConfig())
-        samples, labels = posterior_probs(model.network, data, 2, 0, draws=4)
+        samples, labels = posterior_probs(model.network, data, 2, collator(), draws=4)
         assert samples.shape == ((2 if variant == "soft" else 4), 4, 2)
         assert labels.tolist() == [1, 0, 0, 1]  # in the order of the samples (by length), not of the data
         assert (samples.std(0).max() > 0) == (variant == "wc")
-        metrics = uncertainty_metrics(samples, labels)
-        assert set(metrics) == {"nll", "ece", "brier", "pavpu@0.05"} and 0 <= metrics["pavpu@0.05"] <= 100
+        assert 0 <= uncertainty_report(samples, labels)["pavpu@0.05"] <= 100
 
 
-def test_training_epochs_are_shuffled_differently_and_reproducibly(monkeypatch, tiny_bert_folder):
-    """The training batches' order per epoch, read off the batches train_glue draws."""
+def test_training_epochs_are_shuffled_differently_and_reproducibly(monkeypatch, tmp_path, tiny_bert_folder):
+    """The training batches' order per epoch, read off the batches the task's train draws."""
     import experiments.glue as glue
+    from experiments.glue_data import GlueData
+    from experiments.runner import RunContext
 
     orders = []
 
-    def recorded(data, batch_size, pad_id, shuffle, rng=None):
-        for args, targets in batches(data, batch_size, pad_id, shuffle, rng):
+    def recorded(data, batch_size, collate, shuffle, rng=None):
+        for args, targets in batches(data, batch_size, collate, shuffle, rng):
             if shuffle:
                 orders.append(args[0][:, 1].tolist())  # the token after [CLS] tells the examples apart
             yield args, targets
@@ -172,9 +176,9 @@ def test_training_epochs_are_shuffled_differently_and_reproducibly(monkeypatch, 
     train = Encoded([[101, 1000 + i, 102] for i in range(8)], [[0] * 3] * 8, torch.arange(8) % 2)  # one length: no sorting
     settings = settings_for("rte", "soft", 0, str(tiny_bert_folder), {"epochs": 2, "batch_size": 2, "draws": 0})
     runs = []
-    for _ in range(2):
+    for attempt in range(2):
         orders.clear()
-        glue.train_glue(settings, train, train, pad_id=0, progress=False)
+        glue.train(settings, GlueData(train, train, collator()), RunContext(tmp_path / str(attempt), settings, progress=False))
         runs.append([sum(orders[:4], []), sum(orders[4:], [])])  # 4 batches per epoch
     assert sorted(runs[0][0]) == sorted(runs[0][1]) and runs[0][0] != runs[0][1]
     assert runs[0] == runs[1]
@@ -189,21 +193,21 @@ def test_glue_script_trains_scores_tabulates_and_skips_finished_runs(tmp_path, d
     argv = ["--task", "rte", "--variant", "soft", "wc", "--seeds", "0", "--model", str(tiny_bert_folder),
             "--data-root", str(data_root), "--out", str(tmp_path / "glue"), "--max-train", "48", "--epochs", "1",
             "--max-length", "32", "--draws", "2", "--threads", "1", "--no-progress"]
-    table = glue(argv)
+    table = glue(argv)["glue"].set_index(["task", "metric"])
 
     rows = pd.read_csv(tmp_path / "glue" / "results.csv")
     assert sorted(rows.variant) == ["soft", "wc"] and (rows.max_train == 48).all()
-    assert rows.dev_accuracy.between(30, 70).all()  # an untrained tiny model on balanced dev data
-    assert rows["dev_pavpu@0.05"].notna().all() and rows.dev_nll.gt(0).all()
+    assert rows.accuracy.between(30, 70).all()  # an untrained tiny model on balanced dev data
+    assert rows["pavpu@0.05"].notna().all() and rows.nll.gt(0).all()
     soft = rows.set_index("variant").loc["soft"]  # deterministic: every example certain, PAvPU = accuracy
-    assert soft["dev_pavpu@0.05"] == pytest.approx(soft.dev_accuracy)
+    assert soft["pavpu@0.05"] == pytest.approx(soft.accuracy)
     accuracy = table.loc[("rte", "accuracy")]
-    assert accuracy["soft"] == f"{rows.set_index('variant').dev_accuracy['soft']:.2f}"  # one run: no ± std
+    assert accuracy["soft"] == f"{rows.set_index('variant').accuracy['soft']:.2f}"  # one run: no ± std
     assert accuracy["wc - soft (paired)"].startswith(("+", "-")) and accuracy["n"] == 1
     assert "wc - soft (paired)" in (tmp_path / "glue" / "table.md").read_text()
     glue(argv)  # finished runs are skipped: no new rows
     assert len(pd.read_csv(tmp_path / "glue" / "results.csv")) == 2
-    with pytest.raises(ValueError, match=r"draws=2 \(asked for 3\)"):
+    with pytest.raises(SystemExit):
         glue(argv[:argv.index("--draws") + 1] + ["3"] + argv[argv.index("--draws") + 2:])
 
 
@@ -218,25 +222,25 @@ def test_the_pretrained_minilm_under_bam_learns_sst2(tmp_path, data_root):
           "--lr", "1e-4", "--k", "10", "--draws", "4", "--data-root", str(data_root), "--out", str(tmp_path),
           "--threads", "2", "--no-progress"])
     row = pd.read_csv(tmp_path / "results.csv").iloc[0]
-    assert row.dev_accuracy > 75  # measured 79.7; the dev set's majority class is 50.9%
-    assert row.dev_nll < np.log(2)  # better than a coin, in probability as well as in argmax
-    assert 0 < row["dev_pavpu@0.05"] <= 100
+    assert row.accuracy > 75  # measured 79.7; the dev set's majority class is 50.9%
+    assert row.nll < np.log(2)  # better than a coin, in probability as well as in argmax
+    assert 0 < row["pavpu@0.05"] <= 100
 
 
 def test_runs_record_the_model_by_the_name_given_not_where_it_is_installed(tmp_path, data_root, monkeypatch):
     """The default model's folder is inside the virtual environment; recording the name keeps the
     records of two checkouts comparable (collect refuses runs whose model differs)."""
     from experiments import glue
+    from experiments.runner import run_cli
     from models.transformers_bam import DEFAULT_MODEL
 
     trained = []
 
-    def train_glue(run, *args, **kwargs):
-        trained.append(run)
-        return {**run.row(), "dev_accuracy": 50.0, "train_loss": 0.7, "seconds": 0.0}
+    def train(settings, data, run):
+        trained.append(settings)
+        return {"accuracy": 50.0, "train_loss": 0.7}
 
-    monkeypatch.setattr(glue, "train_glue", train_glue)
-    glue.main(["--task", "rte", "--variant", "soft", "--data-root", str(data_root), "--out", str(tmp_path),
+    run_cli(dataclasses.replace(glue.TASK, train=train), ["--task", "rte", "--variant", "soft", "--data-root", str(data_root), "--out", str(tmp_path),
                "--max-train", "8", "--threads", "1", "--no-progress"])
     assert [run.model for run in trained] == [DEFAULT_MODEL]
     assert pd.read_csv(tmp_path / "results.csv").model.tolist() == [DEFAULT_MODEL]

@@ -1,85 +1,127 @@
-"""Run folders: a sweep resumes and never passes one setting's result off as another's; shards
-merge into one table with paired differences."""
+"""The runner and its records: options from settings fields, skip and refuse, one-line user errors,
+merging folders, paired tables, and a real CLI run killed mid-epoch that resumes exactly."""
 
+import dataclasses
+import json
 import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import Literal, Optional
 
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from analysis.tables import mean_interval, paired_difference
+from bam_pyro import BamConfig, ObjectiveConfig
+from experiments import gat, glue
 from experiments.collect import main as collect_main
-from experiments.gat import settings_for
-from experiments.glue import settings_for as glue_settings
-from experiments.runs import ResultsFile
+from experiments.records import RunFolder, SettingsMismatch, new_record
+from experiments.runner import ATTENTION_FIELDS, OBJECTIVE_FIELDS, RunSettings, Task, build_parser, run_cli
+
+REPO = Path(__file__).resolve().parents[1]
 
 
-def test_finished_run_is_found_again_after_a_restart(tmp_path):
-    settings = settings_for("cora", "wc", 0, {}).row()
-    results = ResultsFile(tmp_path, ("dataset", "variant", "seed"))
-    assert not results.has(settings)
-    results.add({**settings, "test_acc": 80.0})
-    reopened = ResultsFile(tmp_path, ("dataset", "variant", "seed"))  # read back from the CSV
-    assert reopened.has(settings)
-    assert not reopened.has(settings_for("cora", "wc", 1, {}).row())
+def test_run_settings_cover_every_library_setting_with_its_default():
+    """A field added to BamConfig or ObjectiveConfig must reach every task's options and records."""
+    fields = {f.name: f.default for f in dataclasses.fields(RunSettings)}
+    for config in (BamConfig, ObjectiveConfig):
+        for f in dataclasses.fields(config):
+            if f.name != "variant":
+                assert fields[f.name] == f.default, f.name
+    settings = RunSettings(variant="wc", k=3.0, anneal_rate=0.5)
+    assert settings.attention == BamConfig("wc", k=3.0) and settings.objective == ObjectiveConfig(anneal_rate=0.5)
+    assert RunSettings(variant="exact").attention.variant == "soft"  # a task's own variant: soft attention
+    assert set(ATTENTION_FIELDS) | set(OBJECTIVE_FIELDS) <= set(settings.row())
 
 
-def test_two_writers_of_one_folder_keep_each_others_rows(tmp_path):
-    first, second = (ResultsFile(tmp_path, ("dataset", "variant", "seed")) for _ in range(2))
-    first.add({**settings_for("cora", "wc", 0, {}).row(), "test_acc": 80.0})
-    assert second.has(settings_for("cora", "wc", 0, {}).row())  # sees the other process's run
-    second.add({**settings_for("cora", "wc", 1, {}).row(), "test_acc": 81.0})
-    assert sorted(pd.read_csv(tmp_path / "results.csv").seed) == [0, 1]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".results.csv.lock", "results.csv"]  # no partial file
+@dataclasses.dataclass(frozen=True)
+class ToySettings(RunSettings):
+    dataset: str = "a"
+    lr: float = 0.1
+    steps: int = 3
+    mode: Literal["x", "y"] = "x"
+    cap: Optional[int] = None
+    flag: bool = True
 
 
-def _add_rows(out: Path, seeds: range) -> None:
-    results = ResultsFile(out, ("dataset", "variant", "seed"))
+def toy_train(settings, data, run):
+    return {"score": data + settings.lr * settings.steps + 0.01 * settings.seed + (settings.variant == "wc")}
+
+
+TOY = Task(name="toy", settings=ToySettings, panel="dataset", panels=("a", "b"), load=lambda s, root: 1.0,
+           train=toy_train, metrics=("score",), presets=lambda panel, variant: {"steps": 5} if variant == "wc" else {})
+
+
+def test_options_come_from_the_settings_fields():
+    parser, names = build_parser(TOY)
+    args = parser.parse_args(["--lr", "0.5", "--mode", "y", "--cap", "4", "--no-flag", "--rho", "0.2", "--att-kl", "3"])
+    assert (args.lr, args.mode, args.cap, args.flag, args.anneal_rate, args.kl_weight) == (0.5, "y", 4, False, 0.2, 3.0)
+    assert args.steps is None  # not given: the preset or the default holds
+    assert {"lr", "steps", "mode", "cap", "flag", "k", "detach_prior_keys"} <= set(names)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--mode", "z"])
+
+
+def test_sweep_records_tables_skips_and_refuses_by_name(tmp_path, capsys):
+    out = str(tmp_path / "toy")
+    tables = run_cli(TOY, ["--dataset", "a", "b", "--variant", "soft", "wc", "--seeds", "0", "1", "--out", out])
+    table = tables["results"].set_index(["dataset", "variant"])
+    assert table.loc[("a", "wc"), "score - soft (paired)"] == "+1.20 ± 0.00, 95% CI [+1.20, +1.20]"  # preset steps=5
+    record = json.loads((tmp_path / "toy" / "runs" / "b-wc-seed1" / "record.json").read_text())
+    assert record["settings"]["steps"] == 5 and record["metrics"]["score"] == pytest.approx(2.51)
+    assert len(pd.read_csv(tmp_path / "toy" / "results.csv")) == 8
+    assert {"table.md", "table-results.csv", "paired.png"} <= {p.name for p in (tmp_path / "toy").iterdir()}
+    capsys.readouterr()
+    run_cli(TOY, ["--dataset", "a", "--variant", "wc", "--seeds", "1", "--out", out])  # finished: skipped
+    assert "a wc seed 1" not in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(TOY, ["--dataset", "a", "--variant", "wc", "--seeds", "1", "--out", out, "--lr", "0.2"])
+    assert exit_info.value.code == 2
+    assert "holds a finished run with other settings: lr=0.1 (asked for 0.2)" in capsys.readouterr().err
+
+
+def test_a_record_that_lacks_a_setting_is_not_taken_as_finished(tmp_path):
+    folder = RunFolder(tmp_path)
+    settings = ToySettings(variant="wc").row()
+    older = {k: v for k, v in settings.items() if k != "flag"}
+    folder.save("a-wc-seed0", new_record("toy", older, {"score": 1.0}, None, 1.0))
+    with pytest.raises(SettingsMismatch, match="flag=not recorded"):
+        folder.finished("a-wc-seed0", "toy", settings)
+    assert not folder.finished("a-wc-seed1", "toy", settings)
+
+
+def _finish_runs(out: Path, seeds: range) -> None:
+    folder = RunFolder(out)
     for seed in seeds:
-        results.add({**settings_for("cora", "wc", seed, {}).row(), "test_acc": 80.0})
+        folder.save(f"a-wc-seed{seed}", new_record("toy", ToySettings(variant="wc", seed=seed).row(), {"score": 1.0}, None, 0.0))
+        folder.write_results()
 
 
-def test_writers_adding_at_the_same_time_lose_no_row(tmp_path):
-    """Without the lock, two processes that read the same old file each write it back with only
-    their own new row, and one row is lost."""
+def test_processes_finishing_at_once_lose_no_run(tmp_path):
     context = multiprocessing.get_context("fork")
-    writers = [context.Process(target=_add_rows, args=(tmp_path, range(start, start + 30))) for start in (0, 100)]
+    writers = [context.Process(target=_finish_runs, args=(tmp_path, range(start, start + 20))) for start in (0, 100)]
     for writer in writers:
         writer.start()
     for writer in writers:
         writer.join()
-    assert len(pd.read_csv(tmp_path / "results.csv")) == 60
+    assert len(pd.read_csv(tmp_path / "results.csv")) == 40
+    assert not list(tmp_path.glob(".results.csv.*")) and not list(tmp_path.glob("runs/*/.record*"))
 
 
-def test_same_run_with_other_settings_is_refused_by_name(tmp_path):
-    ResultsFile(tmp_path, ("dataset", "variant", "seed")).add({**settings_for("cora", "wc", 0, {}).row(), "test_acc": 80.0})
-    reopened = ResultsFile(tmp_path, ("dataset", "variant", "seed"))
-    for override, field in (({"k": 10.0}, "k="), ({"detach_prior_keys": True}, "detach_prior_keys="), ({"patience": 5}, "patience=")):
-        with pytest.raises(ValueError, match=field):
-            reopened.has(settings_for("cora", "wc", 0, override).row())
-
-
-def test_a_setting_the_folder_never_recorded_is_refused_as_unrecorded(tmp_path):
-    """Rows written before a setting existed read back blank in its column; such a run may have
-    used another value, so it is not taken as finished."""
-    old_row = {k: v for k, v in settings_for("cora", "wc", 0, {}).row().items() if k != "dropout_per_head"}
-    results = ResultsFile(tmp_path, ("dataset", "variant", "seed"))
-    results.add({**old_row, "test_acc": 80.0})
-    with pytest.raises(ValueError, match="dropout_per_head=not recorded"):  # no column for it at all
-        results.has(settings_for("cora", "wc", 0, {}).row())
-    results.add({**settings_for("cora", "wc", 1, {}).row(), "test_acc": 81.0})  # adds the column, blank above
-    assert results.has(settings_for("cora", "wc", 1, {}).row())
-    with pytest.raises(ValueError, match="dropout_per_head=None"):  # the old row's cell is blank now
-        results.has(settings_for("cora", "wc", 0, {}).row())
-
-
-def test_checkpoint_name_changes_with_any_setting(tmp_path):
-    results = ResultsFile(tmp_path, ("dataset", "variant", "seed"))
-    preset = results.checkpoint(settings_for("cora", "wc", 0, {}).row())
-    assert preset == results.checkpoint(settings_for("cora", "wc", 0, {}).row())
-    assert preset.name.startswith("cora-wc-0-") and preset.parent == tmp_path / "checkpoints"
-    assert preset != results.checkpoint(settings_for("cora", "wc", 0, {"beta": 1e-9}).row())
+def test_user_errors_end_with_one_line_and_status_2(tmp_path, capsys):
+    for args, message in ((["--lr", "-1"], "lr must be a finite number > 0, got -1.0"),
+                          (["--samples", "1"], "samples must be 0 or at least 2"),
+                          ([], "Planetoid Cora: missing ind.cora.x")):
+        with pytest.raises(SystemExit) as exit_info:
+            gat.main([*args, "--data-root", str(tmp_path), "--out", str(tmp_path / "g")])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.count("\n") == 1 and message in err, err
 
 
 def test_paired_difference_pairs_runs_by_seed():
@@ -91,99 +133,81 @@ def test_paired_difference_pairs_runs_by_seed():
     # (1.0 + 0.5) / 2, std of (1.0, 0.5); the interval is 0.75 -+ t(0.975, 1) * 0.354 / sqrt(2), t = 12.706
     assert table.loc[("a", "wc"), "score"] == "+0.75 ± 0.35, 95% CI [-2.43, +3.93]"
     assert table.loc[("b", "wc"), "score"] == "-1.00"  # one pair: no spread, no interval to show
-    same = pd.DataFrame(dict(task="c", variant=["soft", "wc"] * 3, seed=[0, 0, 1, 1, 2, 2],
-                             score=[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]))
-    assert paired_difference(same, ["task"], "score").loc[("c", "wc"), "score"] == "+1.00 ± 0.00, 95% CI [+1.00, +1.00]"
 
 
 def test_paired_interval_covers_the_true_difference_at_its_stated_rate():
     rng = np.random.default_rng(0)
-    trials = 4000
-    differences = rng.normal(loc=0.3, scale=1.0, size=(trials, 5))  # 5 seeds, true mean 0.3
+    differences = rng.normal(loc=0.3, scale=1.0, size=(4000, 5))  # 5 seeds, true mean 0.3
     bounds = np.array([mean_interval(pd.Series(row)) for row in differences])
     covered = (bounds[:, 0] <= 0.3) & (0.3 <= bounds[:, 1])
     assert abs(covered.mean() - 0.95) < 0.015  # a normal quantile (1.96) in place of t(4) covers ~0.88
 
 
-def test_collect_merges_shards_later_folder_wins(tmp_path):
-    def shard(name, rows):
-        ResultsFile(tmp_path / name, ("dataset", "variant", "seed"))  # creates the folder
-        pd.DataFrame(rows).to_csv(tmp_path / name / "results.csv", index=False)
-        return str(tmp_path / name)
+def _gat_folder(path: Path, runs: list[tuple[str, int, dict, float]]) -> str:
+    """An output folder of finished GAT runs (variant, seed, overrides, test accuracy)."""
+    folder = RunFolder(path)
+    for variant, seed, overrides, acc in runs:
+        settings = gat.TASK.settings_for("cora", variant, seed, overrides)
+        folder.save(gat.TASK.run_name(settings), new_record("gat", settings.row(), {"test_acc": acc, "val_acc": acc}, None, 1.0))
+    return str(path)
 
-    run = dict(dataset="cora", val_acc=80.0)
-    first = shard("soft", [dict(run, variant="soft", seed=s, test_acc=80.0 + s) for s in (0, 1)])
-    second = shard("wc", [dict(run, variant="wc", seed=s, test_acc=81.0 + s) for s in (0, 1)]
-                   + [dict(run, variant="soft", seed=1, test_acc=82.0)])
-    table = collect_main(["gat", first, second, "--out", str(tmp_path / "all")])
+
+def test_collect_merges_folders_later_folder_wins_and_refuses_mixed_settings(tmp_path, capsys):
+    first = _gat_folder(tmp_path / "soft", [("soft", 0, {}, 80.0), ("soft", 1, {}, 81.0)])
+    second = _gat_folder(tmp_path / "wc", [("wc", 0, {}, 81.0), ("wc", 1, {}, 83.0), ("soft", 1, {}, 82.0)])
+    tables = collect_main([first, second, "--out", str(tmp_path / "all")])
     merged = pd.read_csv(tmp_path / "all" / "results.csv")
     assert len(merged) == 4 and merged.query("variant == 'soft' and seed == 1").test_acc.item() == 82.0
-    assert table.loc[("cora", "wc"), "test_acc - soft (paired)"] == "+0.50 ± 0.71, 95% CI [-5.85, +6.85]"  # seed 0: 81 - 80, seed 1: 82 - 82 (the later soft row)
+    accuracy = tables["accuracy"].set_index(["dataset", "variant"])
+    assert accuracy.loc[("cora", "wc"), "test_acc - soft (paired)"] == "+1.00 ± 0.00, 95% CI [+1.00, +1.00]"
     assert (tmp_path / "all" / "paired.png").stat().st_size > 0
-    with pytest.raises(FileNotFoundError, match="no results.csv"):
-        collect_main(["gat", str(tmp_path / "missing"), "--out", str(tmp_path / "x")])
+
+    other_k = _gat_folder(tmp_path / "k10", [("wc", 2, {"k": 10.0}, 84.0)])
+    short = _gat_folder(tmp_path / "short", [("soft", 2, {"max_epochs": 5}, 70.0)])
+    for folders, message in (([second, other_k], "the cora/wc runs differ in {'k': ['1.0', '10.0']}"),
+                             ([other_k, short], "the cora runs differ in {'max_epochs': ['1000', '5']}: variants are paired")):
+        with pytest.raises(SystemExit):
+            collect_main([*folders, "--out", str(tmp_path / "x")])
+        assert message in capsys.readouterr().err
+    table = collect_main([second, other_k, "--compare", "--out", str(tmp_path / "cmp")])["compare"]
+    assert list(table.columns)[:3] == ["dataset", "variant", "k"] and len(table) == 3
 
 
-def test_collect_refuses_to_average_different_settings(tmp_path):
-    for name, k in (("a", 1.0), ("b", 10.0)):
-        (tmp_path / name).mkdir()
-        pd.DataFrame([dict(dataset="cora", variant="wc", seed=int(k), k=k, test_acc=80.0, val_acc=80.0)]).to_csv(
-            tmp_path / name / "results.csv", index=False)
-    with pytest.raises(ValueError, match=r"cora/wc runs differ in their settings \{'k'"):
-        collect_main(["gat", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "all")])
+def test_collect_names_a_folder_without_runs(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        collect_main([str(tmp_path / "missing"), "--out", str(tmp_path / "x")])
+    assert "no finished runs in" in capsys.readouterr().err
 
 
-def test_collect_names_folders_whose_file_predates_a_setting(tmp_path, caplog):
-    files = {"old": [dict(seed=0, d_mid=1)],  # no rho column: written before rho was recorded
-             "new": [dict(seed=1, d_mid=1.0, rho=0.1)],  # 1.0 is the same setting as 1
-             "none": [dict(seed=2, d_mid=1, rho=None)]}  # a blank cell is a recorded None
-    for name, runs in files.items():
-        (tmp_path / name).mkdir()
-        pd.DataFrame([dict(dataset="cora", variant="wc", test_acc=80.0, val_acc=80.0, **r) for r in runs]).to_csv(
-            tmp_path / name / "results.csv", index=False)
-    with caplog.at_level("WARNING"):
-        collect_main(["gat", str(tmp_path / "old"), str(tmp_path / "new"), "--out", str(tmp_path / "all")])
-    assert f"{tmp_path / 'old'} does not record rho" in caplog.text
-    assert "new does not record" not in caplog.text
-    with pytest.raises(ValueError, match=r"differ in their settings \{'rho': \['0.1', 'nan'\]"):
-        collect_main(["gat", str(tmp_path / "new"), str(tmp_path / "none"), "--out", str(tmp_path / "all")])
+def _glue_cli(out: Path, data_root: Path, model: Path, *extra: str) -> subprocess.Popen:
+    args = ["--task", "rte", "--variant", "wc", "--seeds", "0", "--model", str(model), "--max-train", "160",
+            "--batch-size", "4", "--max-length", "32", "--epochs", "2", "--draws", "0", "--threads", "1",
+            "--no-progress", "--data-root", str(data_root), "--out", str(out), *extra]
+    return subprocess.Popen([sys.executable, "-m", "experiments.glue", *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_collect_compare_keeps_each_setting_apart(tmp_path):
-    rows = {"a": [dict(k=1.0, seed=s, val_acc=80.0 + s) for s in (0, 1)],
-            "b": [dict(k=10.0, seed=0, val_acc=70.0), dict(k=10.0, seed=0, val_acc=72.0)],  # a rerun: last wins
-            "c": [dict(k=None, seed=0, val_acc=60.0)],  # a blank cell: k recorded as None
-            "d": [dict(seed=0, val_acc=50.0)]}  # a file from before k was recorded
-    for name, runs in rows.items():
-        (tmp_path / name).mkdir()
-        pd.DataFrame([dict(dataset="cora", variant="wc", beta=1e-10, test_acc=1.0, **r) for r in runs]).to_csv(
-            tmp_path / name / "results.csv", index=False)
-    table = collect_main(["gat", *(str(tmp_path / n) for n in rows), "--out", str(tmp_path / "all"), "--compare"])
-    assert list(table.columns) == ["dataset", "variant", "k", "n", "val_acc", "test_acc"]  # beta is the same throughout
-    by_k = table.set_index("k")
-    assert by_k.loc[1.0, "val_acc"] == "80.50 ± 0.71" and by_k.loc[1.0, "n"] == 2
-    assert by_k.loc[10.0, "val_acc"] == "72.00"
-    assert by_k.loc["None", "val_acc"] == "60.00"
-    assert by_k.loc["(not recorded)", "val_acc"] == "50.00"
-    assert not (tmp_path / "all" / "paired.png").exists()
-
-
-def test_collect_refuses_to_pair_variants_trained_differently(tmp_path):
-    def folder(name, rows):
-        (tmp_path / name).mkdir()
-        pd.DataFrame([dict(row, test_acc=80.0, val_acc=80.0, dev_accuracy=60.0) for row in rows]).to_csv(
-            tmp_path / name / "results.csv", index=False)
-        return str(tmp_path / name)
-
-    short = folder("short", [settings_for("cora", "soft", 0, {"max_epochs": 5}).row()])
-    soft = folder("soft", [settings_for("cora", "soft", 0, {}).row()])
-    wc = folder("wc", [settings_for("cora", "wc", 0, {}).row()])
-    with pytest.raises(ValueError, match=r"the cora runs differ in their settings \{'max_epochs': \['1000', '5'\]\}: "
-                                         r"variants are paired by seed only if trained alike"):
-        collect_main(["gat", short, wc, "--out", str(tmp_path / "all")])
-    # the presets: soft and wc differ in their attention's settings (k, beta, rho, ...) only
-    assert collect_main(["gat", soft, wc, "--out", str(tmp_path / "all")]).loc[("cora", "wc"), "n"] == 1
-    glue_runs = folder("glue", [glue_settings("rte", "soft", 0, "m", {"epochs": 1}).row(),
-                                glue_settings("rte", "wc", 0, "m", {"k": 10.0}).row()])
-    with pytest.raises(ValueError, match=r"the rte runs differ in their settings \{'epochs': \['1', '3'\]\}"):
-        collect_main(["glue", glue_runs, "--out", str(tmp_path / "all")])
+def test_a_cli_run_killed_mid_epoch_resumes_to_the_uninterrupted_result(tmp_path, data_root, tiny_bert_folder):
+    """SIGKILL after a checkpoint written inside the first epoch (every step: --checkpoint-minutes 0),
+    then the same command again: the record equals that of a run never interrupted."""
+    reference = _glue_cli(tmp_path / "reference", data_root, tiny_bert_folder)
+    killed = _glue_cli(tmp_path / "killed", data_root, tiny_bert_folder, "--checkpoint-minutes", "0")
+    checkpoint = tmp_path / "killed" / "runs" / "rte-wc-seed0" / "checkpoint.pt"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if checkpoint.exists():
+            try:
+                state = torch.load(checkpoint, weights_only=True)
+            except (RuntimeError, EOFError):  # replaced while being read
+                continue
+            if state["epoch"] == 0 and state["step_in_epoch"] >= 5:
+                break
+        time.sleep(0.02)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert state["epoch"] == 0 and 5 <= state["step_in_epoch"] < 40, "not killed inside the first epoch"
+    resumed = _glue_cli(tmp_path / "killed", data_root, tiny_bert_folder, "--checkpoint-minutes", "0")
+    assert resumed.wait() == 0 and reference.wait() == 0, resumed.stderr.read()
+    records = [json.loads((tmp_path / f / "runs" / "rte-wc-seed0" / "record.json").read_text()) for f in ("reference", "killed")]
+    assert records[1]["metrics"] == records[0]["metrics"]
+    assert records[1]["training"]["history"] == records[0]["training"]["history"]

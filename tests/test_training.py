@@ -7,8 +7,8 @@ import torch
 
 from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.training import EarlyStopping, SVITrainer, seed_everything
-from experiments.gat import OVERRIDES, parse_args, settings_for, train_node_classifier
-from experiments.runs import given_overrides
+from experiments.gat import TASK, train
+from experiments.runner import RunContext, build_parser
 from bam_pyro import AttentionGuide
 from models.gat import build_node_classifier
 
@@ -160,19 +160,18 @@ def test_non_finite_loss_raises_a_clear_error():
 
 
 @pytest.mark.parametrize("variant", ["wc"])
-def test_short_cora_run_learns(cora, variant):
+def test_short_cora_run_learns(cora, variant, tmp_path):
     data, num_features, num_classes = cora
-    settings = settings_for("cora", variant, seed=0, overrides=dict(max_epochs=60, patience=60))
-    model, row = train_node_classifier(settings, data, num_features, num_classes, progress=False)
+    settings = TASK.settings_for("cora", variant, 0, dict(max_epochs=60, patience=60))
+    row = train(settings, cora, RunContext(tmp_path, settings, progress=False))
     assert row["val_acc"] > 70.0  # chance is ~14% (7 classes), the majority class ~30%
     assert row["test_acc"] > 70.0
 
 
 def test_gat_overrides_reach_the_config_and_the_row():
-    args = parse_args(["--k", "10", "--detach-prior-keys", "--prior-scope", "all_keys"])
-    settings = settings_for("citeseer", "wc", seed=0, overrides=given_overrides(args, OVERRIDES))
-    assert settings.config.k == 10.0 and settings.config.detach_prior_keys is True
-    assert settings.config.prior_scope == "all_keys"
-    assert settings.config.beta == 1e-15  # an option not given keeps the preset
-    row = settings.row()
-    assert row["k"] == 10.0 and row["detach_prior_keys"] is True and row["prior_scope"] == "all_keys"
+    parser, names = build_parser(TASK)
+    args = parser.parse_args(["--k", "10", "--detach-prior-keys", "--prior-scope", "all_keys"])
+    settings = TASK.settings_for("citeseer", "wc", 0, {name: getattr(args, name) for name in names})
+    assert settings.attention.k == 10.0 and settings.attention.detach_prior_keys is True
+    assert settings.attention.prior_scope == "all_keys" and settings.row()["k"] == 10.0
+    assert settings.attention.beta == 1e-15  # the rest of the CiteSeer preset holds

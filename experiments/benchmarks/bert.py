@@ -24,7 +24,7 @@ import time
 from typing import Any, Callable, Optional
 
 from experiments.benchmarks.process import RETURN_FREED_BLOCKS, in_fresh_process, reset_peak, resident_mb
-from experiments.runs import whole_number
+from experiments.runner import whole_number
 from models.transformers_bam import DEFAULT_MODEL, resolve_pretrained
 
 

@@ -29,9 +29,9 @@ from torch_geometric.nn import GATConv
 from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.training import SVITrainer
 from experiments.benchmarks.process import RETURN_FREED_BLOCKS, in_fresh_process, reset_peak, resident_mb
-from experiments.gat import TRAINING
+from experiments.gat import GatSettings
 from experiments.planetoid import load_planetoid
-from experiments.runs import whole_number
+from experiments.runner import whole_number
 from bam_pyro import AttentionGuide
 from models.gat import build_node_classifier
 
@@ -133,7 +133,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--steps", type=whole_number(1), default=None, help="timed steps (default 100 on Cora, 5 on a given size)")
     p.add_argument("--threads", type=whole_number(1), default=2)
     p.add_argument("--data-root", default=None)
-    p.add_argument("--dropout-per-head", action=argparse.BooleanOptionalAction, default=TRAINING["cora"]["dropout_per_head"],
+    p.add_argument("--dropout-per-head", action=argparse.BooleanOptionalAction, default=GatSettings.dropout_per_head,
                    help="this project's GATs drop inputs with a mask per head (the Cora preset's setting)")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     args = p.parse_args(argv)

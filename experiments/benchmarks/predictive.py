@@ -22,17 +22,17 @@ import torch
 
 from bam_pyro.predictive import attention_site_names, predictive_draws
 from experiments.benchmarks.process import in_fresh_process, reset_peak, resident_mb
-from experiments.gat import settings_for, train_node_classifier
+from experiments.gat import TASK, build_model, train_classifier
 from experiments.planetoid import load_planetoid
-from experiments.runs import whole_number
+from experiments.runner import RunContext, whole_number
 
 
 def measure_sampling(checkpoint: Path, data_root: Optional[str], samples: int, chunk: int, repeats: int, threads: int) -> dict:
     """Wall and CPU seconds of each repeat of sampling, and the rise of the peak resident memory."""
     torch.set_num_threads(threads)
     data, num_features, num_classes = load_planetoid("cora", data_root)
-    model = settings_for("cora", "wc", 0, {}).build_model(num_features, num_classes)
-    model.load_state_dict(torch.load(checkpoint))
+    model = build_model(TASK.settings_for("cora", "wc", 0, {}), num_features, num_classes)
+    model.load_state_dict(torch.load(checkpoint, weights_only=True))
     layers = attention_site_names(model)
     times, cpu = [], []
     base = resident_mb()
@@ -59,8 +59,9 @@ def main(argv: Optional[list[str]] = None) -> dict:
     args = p.parse_args(argv)
     if not args.checkpoint.exists():
         torch.set_num_threads(args.threads)
-        data, num_features, num_classes = load_planetoid("cora", args.data_root)
-        model, _ = train_node_classifier(settings_for("cora", "wc", 0, {}), data, num_features, num_classes, progress=False)
+        settings = TASK.settings_for("cora", "wc", 0, {})
+        training = RunContext(args.checkpoint.parent / "training", settings, progress=False)
+        model = train_classifier(settings, load_planetoid("cora", args.data_root), training)
         args.checkpoint.parent.mkdir(parents=True, exist_ok=True)
         torch.save(model.state_dict(), args.checkpoint)
     measured = in_fresh_process(

@@ -1,0 +1,148 @@
+"""Uncertainty of the Bayesian GAT (paper, appendix B.2.1 on graphs): posterior draws, their metrics,
+ArviZ diagnostics of the attention, and the figures of a sweep.
+
+Sampling modes: ``mc_dropout`` (soft GAT: MC dropout, its only source of uncertainty, as in the
+paper), ``attention`` (BAM: attention noise q(S | Phi), network in eval mode) and
+``attention_dropout`` (BAM: both, as the paper's VQA experiment). A run's metrics of mode m are the
+columns ``m.<metric>``; the test nodes' mean predictive probabilities go into the run's folder
+(``<mode>-probs.npz``) for the reliability diagrams.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+import torch
+from torch_geometric.utils import add_self_loops, degree, remove_self_loops
+
+from analysis.curves import training_curves
+from analysis.diagnostics import attention_inference_data, attention_summary, gather, neighbourhoods
+from analysis.metrics import PAVPU_THRESHOLDS, reliability, uncertainty_report
+from analysis.plots import neighbourhood_forest, prior_posterior, reliability_diagram, variant_comparison
+from analysis.tables import format_mean_std
+from bam_pyro import BayesianAttention
+from bam_pyro.predictive import attention_site_names, predictive_draws
+from bam_pyro.training import seed_everything
+from experiments.records import RunFolder
+from models.gat import NodeClassifier
+
+MODE_NOTE = {
+    "mc_dropout": "MC dropout (soft attention is deterministic)",
+    "attention": "attention noise q(S|Phi), eval mode",
+    "attention_dropout": "attention noise and MC dropout",
+}
+METRICS = ["sample_acc", "nll", "brier", "ece", "entropy", "mutual_info", *(f"pavpu@{t:g}" for t in PAVPU_THRESHOLDS)]
+
+
+def modes_for(model: NodeClassifier) -> list[str]:
+    stochastic = any(m.config.stochastic for m in model.network.modules() if isinstance(m, BayesianAttention))
+    return ["attention", "attention_dropout"] if stochastic else ["mc_dropout"]
+
+
+def score_modes(model: NodeClassifier, data, settings, folder: Path) -> dict[str, float]:
+    """Every mode's metrics of ``settings.samples`` draws on the test nodes; saves their mean
+    probabilities (with the labels) into ``folder``."""
+    metrics = {}
+    test = data.test_mask.nonzero().flatten()
+    for mode in modes_for(model):
+        dropout = "dropout" in mode
+        seed_everything(settings.seed)
+        with torch.no_grad():
+            draws = predictive_draws(model, (data.x, data.edge_index), settings.samples, dropout=dropout,
+                                     chunk_size=settings.dropout_chunk if dropout else settings.chunk)
+        samples = draws.probs[:, test].double()
+        samples = samples / samples.sum(-1, keepdim=True)
+        metrics.update(uncertainty_report(samples, data.y[test], prefix=f"{mode}."))
+        folder.mkdir(parents=True, exist_ok=True)
+        np.savez(folder / f"{mode}-probs.npz", probs=samples.mean(0).numpy(), labels=data.y[test].numpy())
+    return metrics
+
+
+def attention_diagnostics(model: NodeClassifier, data, settings, folder: Path) -> None:
+    """ArviZ data, summary and plots of the attention into a few test nodes, ``settings.chains``
+    independent chains of ``settings.samples`` (at least 100) draws each."""
+    edges = add_self_loops(remove_self_loops(data.edge_index)[0], num_nodes=data.num_nodes)[0]
+    in_degree = degree(edges[1], data.num_nodes)
+    test = data.test_mask.nonzero().flatten()
+    nodes = test[(in_degree[test] >= 4) & (in_degree[test] <= 8)][: settings.diag_nodes].tolist()
+    hoods = neighbourhoods(edges.numpy(), nodes)
+    layers = attention_site_names(model)
+    draws_per_chain = max(settings.samples, 100)
+    posterior, prior = [], []
+    for chain in range(settings.chains):
+        seed_everything(1000 + chain)
+        with torch.no_grad():
+            draws = predictive_draws(model, (data.x, data.edge_index), draws_per_chain, layers=layers, with_prior=True,
+                                     select_attention=lambda w: gather(w, hoods), chunk_size=settings.chunk)
+        posterior.append({layer: w.numpy() for layer, w in draws.attention.items()})
+        # the prior's location Psi, normalized over each node's neighbourhood: its prior weights
+        prior.append({layer: (p / p.nansum(-1, keepdim=True)).numpy() for layer, p in draws.prior_location.items()})
+    idata = attention_inference_data(posterior, queries=nodes, key_node=hoods.sources, prior_chains=prior)
+    out = folder / "diagnostics"
+    out.mkdir(parents=True, exist_ok=True)
+    idata.to_netcdf(out / "attention.nc")
+    summary = attention_summary(idata)
+    summary.to_csv(out / "attention-summary.csv")
+    info = dict(chains=settings.chains, draws=draws_per_chain, nodes=nodes, entries=len(summary),
+                constant_entries=summary.attrs["constant_entries"],
+                ess_bulk_min=float(summary["ess_bulk"].min()), r_hat_max=float(summary["r_hat"].max()))
+    (out / "attention-diagnostics.json").write_text(json.dumps(info, indent=1))
+    neighbourhood_forest(idata, layers[0], nodes[0], folder / "figures" / "forest.png")
+    prior_posterior(idata, layers[-1], nodes[0], 0, folder / "figures" / "prior-posterior.png")
+
+
+def long_format(results: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run, mode) with the mode's metrics as plain columns."""
+    rows = []
+    for mode in MODE_NOTE:
+        columns = {f"{mode}.{m}": m for m in METRICS[1:]}
+        columns[f"{mode}.accuracy"] = "sample_acc"  # of the mean of the draws; test_acc: of the posterior mean
+        present = results.dropna(subset=[c for c in columns if c in results]) if set(columns) <= set(results) else None
+        if present is not None and not present.empty:
+            rows.append(present[["dataset", "variant", "seed", "test_acc", *columns]].rename(columns=columns).assign(mode=mode))
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
+
+
+def uncertainty_table(results: pd.DataFrame, paper: Mapping[str, Mapping[str, float]]) -> pd.DataFrame:
+    """Mean ± std over seeds per (data set, variant, mode), with the paper's accuracy."""
+    runs = long_format(results)
+    grouped = runs.groupby(["dataset", "variant", "mode"], sort=False)
+    table = pd.DataFrame(index=grouped.size().index)
+    table["seeds"] = grouped.size()
+    table["paper test_acc"] = [paper.get(d, {}).get(v, "") for d, v, _ in table.index]
+    digits = {"nll": 3, "brier": 3, "entropy": 3, "mutual_info": 4}
+    for metric in ["test_acc", *METRICS]:
+        d = digits.get(metric, 2)
+        table[metric] = grouped[metric].agg(lambda v: format_mean_std(v.mean(), v.std(ddof=1), d))
+    return table
+
+
+def draw_figures(results: pd.DataFrame, out: Path) -> None:
+    """Training curves of every run; with uncertainty, a variant comparison and reliability
+    diagrams per data set (the first seed of each variant and mode)."""
+    folder = RunFolder(out)
+    records = [r for r in folder.records() if r.get("training")]
+    if records:
+        training_curves(records, out / "figures" / "training-curves.png")
+    runs = long_format(results)
+    if runs.empty:
+        return
+    for dataset, rows in runs.groupby("dataset", sort=False):
+        grouped = rows.groupby(["variant", "mode"], sort=False)
+        summary = grouped.mean(numeric_only=True).add_suffix("_mean").join(grouped.std(numeric_only=True).add_suffix("_std"))
+        summary = summary.reset_index().assign(dataset=dataset)
+        summary["variant"] = summary["variant"] + "/" + summary["mode"]
+        variant_comparison(summary, ["test_acc", "ece", "pavpu@0.05"], out / "figures" / f"{dataset}-variants.png")
+        curves = {}
+        for (variant, mode), group in grouped:
+            seed = int(group["seed"].min())
+            saved = folder.run_dir(f"{dataset}-{variant}-seed{seed}") / f"{mode}-probs.npz"
+            if saved.exists():
+                arrays = np.load(saved)
+                curves[f"{variant} ({mode}, seed {seed})"] = reliability(arrays["probs"], arrays["labels"])
+        if curves:
+            reliability_diagram(curves, out / "figures" / f"{dataset}-reliability.png", title=f"{dataset} test nodes")

@@ -1,0 +1,158 @@
+"""The record of a finished run, and the output folder that holds a sweep's records.
+
+One format for one idea, "the result of a run with these settings": ``<out>/runs/<run>/record.json``
+holds the run's task, every setting, its metrics and its training history. Each run writes only its
+own record (atomically), so processes sharing a folder never overwrite each other's results;
+``results.csv`` (one row per run) is rebuilt from the records under a file lock. A folder holds one
+setting per run: asking for a finished run, or resuming an unfinished one, with other settings is
+refused by name instead of passing one setting's result off as another's.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import time
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+import pandas as pd
+
+RECORD = "record.json"
+CHECKPOINT = "checkpoint.pt"
+
+
+class SettingsMismatch(ValueError):
+    """A run asked for with other settings than the folder's run of the same name."""
+
+
+def setting_differences(recorded: Mapping[str, Any], asked: Mapping[str, Any]) -> list[str]:
+    """``name=recorded (asked for value)`` for every setting that differs; a setting the record
+    lacks (written before the setting existed) may have had any value, so it differs too."""
+    differing = []
+    for name, value in asked.items():
+        if name not in recorded:
+            differing.append(f"{name}=not recorded (asked for {value!r})")
+        elif not _same(recorded[name], value):
+            differing.append(f"{name}={recorded[name]!r} (asked for {value!r})")
+    return differing
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b and type(a) is type(b) or (_is_number(a) and _is_number(b) and float(a) == float(b))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def versions() -> dict[str, str]:
+    """The versions a result depends on, recorded with it."""
+    found = {}
+    for package in ("bam-pyro", "torch", "pyro-ppl", "torch-geometric", "transformers"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def flatten(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A record as one results-table row: task, settings, metrics, then training figures."""
+    training = record.get("training") or {}
+    summary = {k: training[k] for k in ("epochs", "best_epoch", "seconds") if k in training}
+    return {"task": record["task"], **record["settings"], **record["metrics"], **summary,
+            "wall_seconds": record["wall_seconds"]}
+
+
+class RunFolder:
+    """An output folder: ``runs/<run>/`` per run (record, checkpoint, artifacts), ``results.csv``
+    and the tables and figures drawn from them."""
+
+    def __init__(self, out: os.PathLike) -> None:
+        self.out = Path(out)
+
+    def run_dir(self, name: str) -> Path:
+        return self.out / "runs" / name
+
+    def record(self, name: str) -> Optional[dict[str, Any]]:
+        path = self.run_dir(name) / RECORD
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def finished(self, name: str, task: str, settings: Mapping[str, Any]) -> bool:
+        """Whether run ``name`` is finished; raises :class:`SettingsMismatch`, naming the
+        settings, if it was finished with other ones."""
+        record = self.record(name)
+        if record is None:
+            return False
+        differing = setting_differences(record["settings"], settings)
+        if record["task"] != task:
+            differing.insert(0, f"task={record['task']!r} (asked for {task!r})")
+        if differing:
+            raise SettingsMismatch(f"{self.run_dir(name)} holds a finished run with other settings: "
+                                   f"{'; '.join(differing)}. Choose another --out for the new settings.")
+        return True
+
+    def save(self, name: str, record: Mapping[str, Any]) -> Path:
+        """Write a run's record atomically (a reader never sees half a file)."""
+        path = self.run_dir(name) / RECORD
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{RECORD}.{os.getpid()}")
+        partial.write_text(json.dumps(record, indent=1, default=_plain))
+        os.replace(partial, path)
+        return path
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every finished run's record, with its run's name (``run``)."""
+        return [{**json.loads(p.read_text()), "run": p.parent.name} for p in sorted(self.out.glob(f"runs/*/{RECORD}"))]
+
+    def write_results(self) -> pd.DataFrame:
+        """``results.csv`` rebuilt from every record in the folder (under a lock, so that of two
+        processes finishing at once the later one writes both runs)."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        with _locked(self.out / ".results.lock"):
+            results = pd.DataFrame([flatten(r) for r in self.records()])
+            partial = self.out / f".results.csv.{os.getpid()}"
+            results.to_csv(partial, index=False)
+            os.replace(partial, self.out / "results.csv")
+        return results
+
+
+def new_record(task: str, settings: Mapping[str, Any], metrics: Mapping[str, Any],
+               training: Optional[Mapping[str, Any]], wall_seconds: float) -> dict[str, Any]:
+    return {
+        "task": task, "settings": dict(settings), "metrics": dict(metrics),
+        "training": dict(training) if training else None, "wall_seconds": round(wall_seconds, 1),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": versions(),
+    }
+
+
+def read_folders(folders: Sequence[os.PathLike]) -> list[dict[str, Any]]:
+    """The records of several output folders, in order (a folder without any is an error)."""
+    records = []
+    for folder in folders:
+        found = RunFolder(folder).records()
+        if not found:
+            raise FileNotFoundError(f"no finished runs in {folder} (no runs/*/{RECORD}): not an output folder?")
+        records += [{**r, "folder": str(folder)} for r in found]
+    return records
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _plain(value: Any) -> Any:
+    """JSON for NumPy scalars and paths in metrics."""
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)

@@ -1,0 +1,355 @@
+"""The experiment runner: every task script is a :class:`Task` handed to :func:`run_cli`.
+
+A task provides a settings dataclass (a :class:`RunSettings` subclass) with its presets, a data
+loader, and a function that trains one run and returns its metrics. The runner does the rest, once
+for every task:
+
+- command-line options derived from the settings' fields (``--batch-size`` for ``batch_size``),
+  so that a new setting is one line; a value given overrides the preset, which overrides the
+  field's default;
+- the sweep over panels (data sets or tasks) x seeds x variants, paired by seed;
+- one record per run (:mod:`experiments.records`): finished runs are skipped, a finished or
+  unfinished run asked for with other settings is refused by name, and an interrupted run resumes
+  from its checkpoint (written by epoch and every ``--checkpoint-minutes``);
+- the tables (mean ± std per variant, the paired difference to soft with its confidence
+  interval, the paper's figure beside ours) as Markdown and CSV, and the paired-runs picture;
+- user errors (an invalid setting, a missing data file, a finished run with other settings) end
+  the command with one line and status 2, as argparse does, before any work; bugs keep their
+  traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Mapping, Optional, Sequence, Union
+
+import pandas as pd
+import torch
+
+from analysis.plots import paired_runs
+from analysis.tables import paired_difference, summarize
+from bam_pyro import VARIANTS, BamConfig, ObjectiveConfig
+from bam_pyro.config import GammaShape, PriorScope, Reduction
+from bam_pyro.training import FitResult, SVITrainer
+
+from .records import CHECKPOINT, RunFolder, SettingsMismatch, new_record, setting_differences
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What one run depends on. Tasks subclass it with their own fields and defaults; every field
+    is a command-line option and a column of the run's record.
+
+    The attention's settings are :class:`~bam_pyro.BamConfig`'s fields and the objective's are
+    :class:`~bam_pyro.ObjectiveConfig`'s, flat, with the library's defaults; :attr:`attention` and
+    :attr:`objective` build the library's configs from them (validated on construction).
+    """
+
+    variant: str = "soft"
+    seed: int = 0
+    k: float = field(default=BamConfig.k, metadata={"help": "Weibull shape of q (larger: less noise)"})
+    sigma_q: float = field(default=BamConfig.sigma_q, metadata={"help": "Lognormal scale of q (the paper's sigma_2)"})
+    sigma_p: float = field(default=BamConfig.sigma_p, metadata={"help": "Lognormal scale of the prior (sigma_1)"})
+    mu_p: float = field(default=BamConfig.mu_p, metadata={"help": "location of the fixed Lognormal prior (lf)"})
+    beta: float = field(default=BamConfig.beta, metadata={"help": "rate of the Gamma prior"})
+    alpha: float = field(default=BamConfig.alpha, metadata={"help": "shape of the fixed Gamma prior (wf)"})
+    gamma_shape: GammaShape = field(default=BamConfig.gamma_shape, metadata={
+        "help": "contextual Gamma shape: Psi * beta (reference code) or Psi (paper's text)"})
+    prior_scope: PriorScope = field(default=BamConfig.prior_scope, metadata={
+        "help": "Psi is a softmax over each query's keys or over all keys (paper's text, reference code)"})
+    d_mid: int = field(default=BamConfig.d_mid, metadata={"help": "hidden width of the contextual prior network"})
+    detach_prior_keys: bool = field(default=BamConfig.detach_prior_keys, metadata={
+        "help": "stop the KL's gradient at the contextual prior's input"})
+    reduction: Reduction = field(default=ObjectiveConfig.reduction, metadata={
+        "help": "mean (reference code: per-entry averages) or sum (the plain ELBO)"})
+    kl_weight: float = field(default=ObjectiveConfig.kl_weight, metadata={
+        "help": "weight of the KL term (the paper's att_kl)", "aliases": ("--att-kl",)})
+    anneal_rate: Optional[float] = field(default=ObjectiveConfig.anneal_rate, metadata={
+        "help": "rho of the KL annealing lambda_t = sigmoid(t * rho) (none: no annealing)", "aliases": ("--rho",)})
+
+    def __post_init__(self) -> None:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be a whole number >= 0, got {self.seed!r}")
+        self.attention, self.objective  # noqa: B018  (validates both, naming the field)
+
+    @property
+    def attention(self) -> BamConfig:
+        """The attention's config; a task-specific variant (not a BAM one) gets soft attention."""
+        variant = self.variant if self.variant in VARIANTS else "soft"
+        return BamConfig(variant, **{name: getattr(self, name) for name in ATTENTION_FIELDS})
+
+    @property
+    def objective(self) -> ObjectiveConfig:
+        return ObjectiveConfig(self.reduction, self.kl_weight, self.anneal_rate)
+
+    def row(self) -> dict[str, Any]:
+        """Every setting by name: the record's ``settings``."""
+        return dataclasses.asdict(self)
+
+
+#: the settings that are BamConfig's (all but its variant) and ObjectiveConfig's
+ATTENTION_FIELDS = tuple(f.name for f in dataclasses.fields(BamConfig) if f.name != "variant")
+OBJECTIVE_FIELDS = tuple(f.name for f in dataclasses.fields(ObjectiveConfig))
+#: the settings in which variants compared by seed may differ (presets set them per variant);
+#: all others are the training protocol, which paired variants must share
+VARIANT_SETTINGS = ("variant", *ATTENTION_FIELDS, "kl_weight", "anneal_rate")
+
+
+def require(condition: bool, name: str, value: Any, expected: str) -> None:
+    """Raise ``ValueError("<name> must be <expected>, got <value>")`` unless ``condition``."""
+    if not condition:
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def positive(name: str, value: Any, minimum: float = 0.0, strict: bool = True) -> None:
+    """A setting that is a number > ``minimum`` (``>=`` unless ``strict``); None passes."""
+    if value is None:
+        return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    ok = number and (value > minimum if strict else value >= minimum) and value != float("inf")
+    require(ok, name, value, f"a finite number {'>' if strict else '>='} {minimum:g}")
+
+
+@dataclass
+class RunContext:
+    """What a task's ``train`` gets besides its settings and data."""
+
+    folder: Path  # this run's own folder: its checkpoint, record and any artifacts
+    settings: RunSettings
+    progress: bool = True
+    checkpoint_seconds: Optional[float] = 180.0
+    description: str = "train"
+    trainers: list[SVITrainer] = field(default_factory=list)
+
+    def trainer(self, model, guide, optimizer, elbo=None, grad_clip: Optional[float] = None,
+                checkpoint_every: int = 50, scheduler=None) -> SVITrainer:
+        """An :class:`~bam_pyro.training.SVITrainer` that checkpoints into this run's folder by
+        epoch and by time, and refuses a checkpoint written with other settings."""
+        trainer = SVITrainer(model, guide, optimizer, elbo=elbo, checkpoint=self.folder / CHECKPOINT,
+                             checkpoint_every=checkpoint_every, grad_clip=grad_clip,
+                             checkpoint_seconds=self.checkpoint_seconds, metadata=self.settings.row(),
+                             scheduler=scheduler)
+        self.trainers.append(trainer)
+        return trainer
+
+    @property
+    def fit_result(self) -> Optional[FitResult]:
+        return self.trainers[-1].result if self.trainers else None
+
+
+Metrics = Union[Sequence[str], Callable[[str], Sequence[str]]]
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task script, declared: see the module docstring.
+
+    ``train(settings, data, run)`` trains one run and returns its metrics (numbers by name);
+    ``load(settings, data_root)`` reads the data of one panel (called once per panel value, with
+    the settings of one of its runs: data may depend only on settings all its runs share).
+    ``metrics``: the columns the tables show (a tuple, or a function of the panel value), the
+    first one paired against soft and drawn. ``paper``: panel -> variant -> the paper's figure.
+    ``tables``: replaces the default table (results -> named tables). ``after_sweep``: draws
+    task figures from the results into the output folder.
+    """
+
+    name: str
+    settings: type[RunSettings]
+    panel: str
+    panels: Sequence[str]
+    load: Callable[[Any, Optional[str]], Any]
+    train: Callable[[Any, Any, RunContext], Mapping[str, float]]
+    metrics: Metrics
+    presets: Callable[[str, str], Mapping[str, Any]] = lambda panel, variant: {}
+    variants: Sequence[str] = tuple(VARIANTS)
+    default_variants: Sequence[str] = ("soft", "wc")
+    paper: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    tables: Optional[Callable[[pd.DataFrame], dict[str, pd.DataFrame]]] = None
+    after_sweep: Optional[Callable[[pd.DataFrame, Path], None]] = None
+    description: str = ""
+
+    def metrics_of(self, panel: str) -> list[str]:
+        return list(self.metrics(panel) if callable(self.metrics) else self.metrics)
+
+    def run_name(self, settings: RunSettings) -> str:
+        return f"{getattr(settings, self.panel)}-{settings.variant}-seed{settings.seed}"
+
+    def settings_for(self, panel: str, variant: str, seed: int, overrides: Mapping[str, Any]) -> RunSettings:
+        """The field defaults, then the preset of (panel, variant), then the given ``overrides``
+        (None: not given)."""
+        values = {**self.presets(panel, variant), **{k: v for k, v in overrides.items() if v is not None}}
+        return self.settings(variant=variant, seed=seed, **{self.panel: panel}, **values)
+
+
+# --- command line ----------------------------------------------------------------------------
+
+
+def _unwrap_optional(kind: Any) -> Any:
+    if typing.get_origin(kind) is Union:
+        rest = [a for a in typing.get_args(kind) if a is not type(None)]
+        if len(rest) == 1:
+            return rest[0]
+    return kind
+
+
+def add_settings_options(parser: argparse.ArgumentParser, settings: type[RunSettings], skip: Sequence[str]) -> list[str]:
+    """One option per settings field (``--name-with-dashes``, typed by the field's annotation;
+    default None = keep the preset); returns the fields' names."""
+    group = parser.add_argument_group("settings (default: the task's presets)")
+    hints = typing.get_type_hints(settings)
+    names = []
+    for f in dataclasses.fields(settings):
+        if f.name in skip:
+            continue
+        kind = _unwrap_optional(hints[f.name])
+        flags = [f"--{f.name.replace('_', '-')}", *f.metadata.get("aliases", ())]
+        options: dict[str, Any] = {"default": None, "dest": f.name, "help": f.metadata.get("help")}
+        if kind is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(kind) is Literal:
+            options["choices"] = typing.get_args(kind)
+        elif kind in (int, float, str):
+            options["type"] = kind
+        else:
+            raise TypeError(f"setting {settings.__name__}.{f.name} has type {kind}, which has no command-line form")
+        group.add_argument(*flags, **options)
+        names.append(f.name)
+    return names
+
+
+def whole_number(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number >= ``minimum`` (argparse names the option)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def build_parser(task: Task) -> tuple[argparse.ArgumentParser, list[str]]:
+    parser = argparse.ArgumentParser(prog=f"python -m experiments.{task.name}", description=task.description)
+    parser.add_argument(f"--{task.panel.replace('_', '-')}", dest="panels", nargs="+", choices=list(task.panels),
+                        default=[task.panels[0]], metavar=task.panel.upper(), help=f"one or more of {', '.join(task.panels)}")
+    parser.add_argument("--variant", nargs="+", choices=list(task.variants), default=list(task.default_variants))
+    parser.add_argument("--seeds", nargs="+", type=whole_number(0), default=[0])
+    parser.add_argument("--out", default=f"runs/{task.name}", help="output folder (runs/, results.csv, tables, figures)")
+    parser.add_argument("--data-root", default=None, help="data root (default: $BAM_DATA, ../shared/data, or a download cache)")
+    parser.add_argument("--threads", type=whole_number(1), default=min(2, os.cpu_count() or 1), help="torch CPU threads")
+    parser.add_argument("--checkpoint-minutes", type=float, default=3.0,
+                        help="also checkpoint inside an epoch once this many minutes have passed (0: after every step)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    names = add_settings_options(parser, task.settings, skip=(task.panel, "variant", "seed"))
+    return parser, names
+
+
+def run_cli(task: Task, argv: Optional[Sequence[str]] = None) -> dict[str, pd.DataFrame]:
+    """Parse the command line, check every run's settings and data, run the sweep, write and print
+    the tables. User errors end the command with one line and status 2."""
+    parser, names = build_parser(task)
+    args = parser.parse_args(argv)
+    try:
+        if args.checkpoint_minutes < 0:
+            raise ValueError(f"--checkpoint-minutes must be >= 0, got {args.checkpoint_minutes}")
+        plan = plan_sweep(task, args.panels, args.variant, args.seeds, {n: getattr(args, n) for n in names}, RunFolder(args.out))
+    except (ValueError, TypeError) as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    torch.set_num_threads(args.threads)
+    return run_sweep(task, plan, RunFolder(args.out), args, parser)
+
+
+def plan_sweep(task: Task, panels: Sequence[str], variants: Sequence[str], seeds: Sequence[int],
+               overrides: Mapping[str, Any], folder: RunFolder) -> dict[str, list[RunSettings]]:
+    """Every run's settings, per panel, with those already finished left out (a finished run with
+    other settings raises :class:`~experiments.records.SettingsMismatch`)."""
+    plan = {}
+    for panel in panels:
+        runs = [task.settings_for(panel, v, s, overrides) for s in seeds for v in variants]  # paired by seed
+        plan[panel] = [r for r in runs if not folder.finished(task.run_name(r), task.name, r.row())]
+    return plan
+
+
+def run_sweep(task: Task, plan: Mapping[str, list[RunSettings]], folder: RunFolder,
+              args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, pd.DataFrame]:
+    for panel, runs in plan.items():
+        if not runs:
+            continue
+        try:
+            data = task.load(runs[0], args.data_root)
+        except (ValueError, FileNotFoundError) as error:
+            parser.exit(2, f"{parser.prog}: error: {error}\n")
+        for settings in runs:
+            record = train_one(task, settings, data, folder, args)
+            shown = ", ".join(f"{m} {record['metrics'][m]:.4g}" for m in task.metrics_of(panel) if m in record["metrics"])
+            print(f"{panel} {settings.variant} seed {settings.seed}: {shown} ({record['wall_seconds']:.0f}s)", flush=True)
+    results = folder.write_results()
+    asked = results[results[task.panel].isin(args.panels) & results["variant"].isin(args.variant)]
+    return write_tables(task, asked, folder.out)
+
+
+def train_one(task: Task, settings: RunSettings, data: Any, folder: RunFolder, args: argparse.Namespace) -> dict:
+    """Train one run and save its record."""
+    name = task.run_name(settings)
+    context = RunContext(folder.run_dir(name), settings, progress=not args.no_progress,
+                         checkpoint_seconds=60 * args.checkpoint_minutes, description=name)
+    start = time.perf_counter()
+    metrics = task.train(settings, data, context)
+    fit = context.fit_result
+    training = None if fit is None else {
+        "epochs": fit.epochs, "best_epoch": fit.best_epoch, "stopped_early": fit.stopped_early,
+        "seconds": round(fit.seconds, 1), "monitors": fit.monitors, "history": fit.history}
+    record = new_record(task.name, settings.row(), metrics, training, time.perf_counter() - start)
+    folder.save(name, record)
+    return record
+
+
+# --- tables ----------------------------------------------------------------------------------
+
+
+def paired_table(task: Task, results: pd.DataFrame) -> pd.DataFrame:
+    """Per panel and variant: mean ± std over seeds of each metric, the paired difference to soft of
+    the first metric with its confidence interval, and the paper's figure."""
+    tables = []
+    for panel, runs in results.groupby(task.panel, sort=False):
+        metrics = [m for m in task.metrics_of(panel) if m in runs]
+        table = summarize(runs, [task.panel, "variant"], metrics)
+        if metrics:
+            paired = paired_difference(runs, [task.panel], metrics[0])[metrics[0]]
+            table[f"{metrics[0]} - soft (paired)"] = paired.reindex(table.index).fillna("")
+        if task.paper:
+            table["paper"] = [task.paper.get(p, {}).get(v, "") for p, v in table.index]
+        tables.append(table)
+    return pd.concat(tables) if tables else pd.DataFrame()
+
+
+def write_tables(task: Task, results: pd.DataFrame, out: Path) -> dict[str, pd.DataFrame]:
+    """``table.md`` (every table), ``table-<name>.csv`` each, and ``paired.png``; printed too."""
+    tables = task.tables(results) if task.tables else {"results": paired_table(task, results)}
+    tables = {name: table.reset_index() if any(table.index.names) else table for name, table in tables.items()}
+    text = "\n\n".join(f"### {name}\n\n{table.to_markdown(index=False)}" for name, table in tables.items())
+    (out / "table.md").write_text(text + "\n")
+    for name, table in tables.items():
+        table.to_csv(out / f"table-{name}.csv", index=False)
+    drawn = {p: task.metrics_of(p)[0] for p in results[task.panel].unique() if task.metrics_of(p)}
+    if drawn and not results.empty:
+        paired_runs(results, task.panel, drawn, out / "paired.png")
+    if task.after_sweep is not None and not results.empty:
+        task.after_sweep(results, out)
+    print(text)
+    return tables
+
+
+__all__ = ["RunContext", "RunSettings", "SettingsMismatch", "Task", "positive", "require", "run_cli",
+           "setting_differences", "whole_number"]
