@@ -1,13 +1,15 @@
 """Bayesian attention inside pretrained transformers, by configuration (no forked model code).
 
-transformers routes every self-attention through ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]``.
-:func:`to_bam` registers :func:`bam_attention_forward` under the name ``"bam"``, attaches a
-:class:`~bam_pyro.BayesianAttention` (``bam_attention``) to every module that calls that interface,
+transformers routes every attention call, self- and cross-attention, through
+``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]``. :func:`to_bam` registers
+:func:`bam_attention_forward` under the name ``"bam"``, attaches a :class:`~bam_pyro.BayesianAttention`
+(``bam_attention``), sized by the module's own heads, to every module that calls that interface,
 and switches the model to it. The variational distribution reuses the pretrained query/key
-projections (Phi = log softmax of their scaled dot products); the contextual prior network is new,
-randomly initialized, a registered submodule (so it trains and is saved with the model). Each call
-of an attention module is its own Pyro sample site: ALBERT's shared layer, called 12 times, gives
-``...bam_attention``, ``...bam_attention#2`` ... ``#12``, each with its own KL.
+projections (Phi = log softmax of the scores of the model's eager attention: scaled dot
+products, soft-capped where the model does, plus T5's relative position bias); the contextual
+prior network is new, randomly initialized, a registered submodule (so it trains and is saved
+with the model). Each call of an attention module is its own Pyro sample site: ALBERT's shared
+layer, called 12 times, gives ``...bam_attention``, ``...bam_attention#2`` ... ``#12``, each with its own KL.
 
 Padding: masked keys get zero weight and, with padded queries, zero KL (see :class:`SequenceKeys`).
 Causal models (Llama-style, grouped-query attention included) get their causal mask always
@@ -74,6 +76,11 @@ class SequenceKeys(DenseKeys):
         self.key_mask = key_mask
 
 
+#: keyword arguments of transformers' attention functions that change how scores become weights in
+#: ways Bayesian attention does not implement: refused rather than ignored
+UNSUPPORTED_ARGUMENTS = {"s_aux": "attention sinks", "sinks": "attention sinks", "sink_scale": "attention sinks"}
+
+
 def bam_attention_forward(
     module: nn.Module,
     query: Tensor,
@@ -82,23 +89,37 @@ def bam_attention_forward(
     attention_mask: Optional[Tensor],
     scaling: Optional[float] = None,
     dropout: float = 0.0,
+    position_bias: Optional[Tensor] = None,
+    softcap: Optional[float] = None,
     **kwargs: Any,
 ) -> tuple[Tensor, Tensor]:
     """transformers attention function: query ``[B, H, L, d]``, key/value ``[B, H or fewer, L, d]``
     -> output ``[B, L, H, d]`` and weights ``[B, H, Lq, Lk]``, with the weights drawn by the
-    module's Bayesian attention."""
+    module's Bayesian attention.
+
+    The scores before Phi are those of the model's eager attention: the scaled dot products, soft-
+    capped (Gemma 2's ``softcap``), plus an additive ``position_bias`` (T5's relative positions;
+    ``[B or 1, H, Lq, Lk]``).
+    """
     bam = getattr(module, BAM_ATTRIBUTE, None)
     if bam is None:
         raise RuntimeError(
             f"{type(module).__name__} has no Bayesian attention; convert the model with to_bam() "
             f"instead of setting attn_implementation='{ATTN_IMPLEMENTATION}' alone"
         )
+    for name, feature in UNSUPPORTED_ARGUMENTS.items():
+        if kwargs.get(name) is not None:
+            raise NotImplementedError(f"{type(module).__name__} passes {name}= ({feature}), which Bayesian attention does not implement")
     if scaling is None:
         scaling = query.size(-1) ** -0.5
     if key.size(1) != query.size(1):  # grouped-query attention: each key/value head serves a group of query heads
         groups = query.size(1) // key.size(1)
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scores = torch.matmul(query * scaling, key.transpose(-1, -2))  # scaled before: 4x fewer entries
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    if position_bias is not None:
+        scores = scores + position_bias
     keys, axis = key.transpose(1, 2), SequenceKeys(attention_mask, query.size(0))
     replay = active_replay() if bam.config.stochastic else None
     if replay is None:
@@ -124,16 +145,29 @@ def register_bam_attention() -> None:
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, bam_mask)
 
 
+#: where attention modules keep their number of heads and head size (BERT/ALBERT, Bart/Whisper,
+#: T5, Llama-style); the module's own attributes come before its config's, which for an
+#: encoder-decoder holds one side's head count only
+HEAD_COUNT_NAMES = ("num_attention_heads", "num_heads", "n_heads")
+HEAD_SIZE_NAMES = ("attention_head_size", "head_dim", "key_value_proj_dim")
+
+
+def _first_int(owner: Any, names: tuple[str, ...]) -> Optional[int]:
+    for name in names:
+        value = getattr(owner, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
 def _head_geometry(module: nn.Module) -> Optional[tuple[int, int]]:
-    """(heads, head_dim) of a module that calls the attention interface, else None. Such modules
-    carry ``scaling`` and their head layout (BERT/ALBERT names, or Llama-style ``head_dim``)."""
+    """(heads, head_size) of a module that calls the attention interface, else None. Such modules
+    carry ``scaling`` and their head layout (on themselves, or the head count on their config)."""
     if not hasattr(module, "scaling"):
         return None
-    heads = getattr(module, "num_attention_heads", None) or getattr(getattr(module, "config", None), "num_attention_heads", None)
-    head_dim = getattr(module, "attention_head_size", None) or getattr(module, "head_dim", None)
-    if isinstance(heads, int) and isinstance(head_dim, int):
-        return heads, head_dim
-    return None
+    heads = _first_int(module, HEAD_COUNT_NAMES) or _first_int(getattr(module, "config", None), ("num_attention_heads",))
+    head_size = _first_int(module, HEAD_SIZE_NAMES)
+    return (heads, head_size) if heads and head_size else None
 
 
 def to_bam(model: PreTrainedModel, config: BamConfig) -> PreTrainedModel:
