@@ -16,20 +16,26 @@ Causal models (Llama-style, grouped-query attention included) get their causal m
 built (:func:`bam_mask`).
 In eval mode the attention is the posterior mean, which equals the pretrained softmax attention.
 
+The usual transformers calls keep working: ``save_pretrained`` saves the prior networks and the
+:class:`~bam_pyro.BamConfig` (in ``config.bam``), :func:`from_pretrained` loads both back, and
 ``gradient_checkpointing_enable`` gives the gradients of the uncheckpointed model
 (:mod:`models.transformers_checkpointing`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import os
 from pathlib import Path
 from typing import Any, Optional
 
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
+import transformers
 from torch import Tensor, nn
-from transformers import AttentionInterface, AutoModelForSequenceClassification, PreTrainedModel
+from transformers import AttentionInterface, AutoConfig, AutoModelForSequenceClassification, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -170,14 +176,10 @@ def _head_geometry(module: nn.Module) -> Optional[tuple[int, int]]:
     return (heads, head_size) if heads and head_size else None
 
 
-def to_bam(model: PreTrainedModel, config: BamConfig) -> PreTrainedModel:
-    """Turn every attention module of ``model`` into Bayesian attention, in place, and return it.
-
-    ``variant="soft"`` is allowed (plain softmax through the same code path), which is useful to
-    check the integration; for soft finetuning leave the model unconverted. Checkpointed layers
-    replay their Bayesian attention (:mod:`models.transformers_checkpointing`).
-    """
-    register_bam_attention()
+def attach_bayesian_attention(model: PreTrainedModel, config: BamConfig) -> None:
+    """Give every attention module of ``model`` a :class:`~bam_pyro.BayesianAttention`, make its
+    checkpointed layers replay them (:mod:`models.transformers_checkpointing`) and record
+    ``config`` in ``model.config.bam`` (saved with the model; :func:`from_pretrained` reads it)."""
     found = 0
     for module in model.modules():
         geometry = _head_geometry(module)
@@ -190,7 +192,70 @@ def to_bam(model: PreTrainedModel, config: BamConfig) -> PreTrainedModel:
         if isinstance(layer, GradientCheckpointingLayer) and any(isinstance(m, BayesianAttention) for m in layer.modules()):
             if replay_bayesian_checkpoints not in layer._forward_pre_hooks.values():
                 layer.register_forward_pre_hook(replay_bayesian_checkpoints)
+    model.config.bam = dataclasses.asdict(config)
+
+
+def to_bam(model: PreTrainedModel, config: BamConfig) -> PreTrainedModel:
+    """Turn every attention module of ``model`` into Bayesian attention, in place, and return it.
+
+    ``variant="soft"`` is allowed (plain softmax through the same code path), which is useful to
+    check the integration; for soft finetuning leave the model unconverted. ``save_pretrained``
+    then saves the prior networks and ``config``; :func:`from_pretrained` loads the model back.
+    """
+    register_bam_attention()
+    attach_bayesian_attention(model, config)
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    return model
+
+
+#: keyword arguments of ``from_pretrained`` that say where and how to fetch files
+DOWNLOAD_ARGUMENTS = ("cache_dir", "force_download", "local_files_only", "proxies", "revision", "subfolder", "token", "trust_remote_code")
+
+
+def _download_arguments(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {name: kwargs[name] for name in DOWNLOAD_ARGUMENTS if name in kwargs}
+
+
+def saved_bam_config(pretrained: str | os.PathLike, **download: Any) -> Optional[BamConfig]:
+    """The Bayesian attention a saved model was converted with (None for an unconverted model)."""
+    saved = getattr(AutoConfig.from_pretrained(pretrained, **download), "bam", None)
+    return None if saved is None else BamConfig(**saved)
+
+
+@functools.cache
+def _loading_class(model_class: type[PreTrainedModel]) -> type[PreTrainedModel]:
+    """``model_class`` whose constructor attaches Bayesian attention (as its config records), so
+    that ``from_pretrained`` finds the prior networks' parameters to load the saved ones into."""
+
+    def __init__(self: PreTrainedModel, config: Any, *args: Any, **kwargs: Any) -> None:
+        model_class.__init__(self, config, *args, **kwargs)
+        attach_bayesian_attention(self, BamConfig(**config.bam))
+
+    return type(model_class.__name__, (model_class,), {"__init__": __init__, "__module__": model_class.__module__})
+
+
+def from_pretrained(pretrained: str | os.PathLike, model_class: Optional[type] = None, **kwargs: Any) -> PreTrainedModel:
+    """Load a model saved with ``save_pretrained`` after :func:`to_bam`: Bayesian attention as its
+    config records, the saved prior networks, attention implementation ``"bam"``.
+
+    ``model_class``: a transformers model class or auto class (``AutoModelForSequenceClassification``);
+    by default the class the model was saved from. ``kwargs`` go to transformers' ``from_pretrained``.
+    """
+    register_bam_attention()
+    config = AutoConfig.from_pretrained(pretrained, **_download_arguments(kwargs))
+    if getattr(config, "bam", None) is None:
+        raise ValueError(
+            f"{pretrained} holds no Bayesian attention (its config has no 'bam' entry): load it with transformers "
+            "and convert it with to_bam()"
+        )
+    if model_class is None:
+        if not config.architectures:
+            raise ValueError(f"{pretrained} does not say which class it was saved from; pass model_class")
+        model_class = getattr(transformers, config.architectures[0])
+    if not issubclass(model_class, PreTrainedModel):  # an auto class: the class it maps this config to
+        model_class = model_class._model_mapping[type(config)]
+    model = _loading_class(model_class).from_pretrained(pretrained, attn_implementation=ATTN_IMPLEMENTATION, **kwargs)
+    model.__class__ = model_class  # the loading subclass only served the construction
     return model
 
 
@@ -270,19 +335,32 @@ def build_sequence_model(
     num_labels: int,
     config: BamConfig,
     objective: ObjectiveConfig,
-    **from_pretrained: Any,
+    **loading: Any,
 ) -> BamModel:
     """Pyro model of a pretrained transformer with a sequence head (``num_labels=1``: regression).
 
-    ``pretrained``: a local folder or hub name (loaded with a new randomly initialized head), or a
-    model instance. ``variant="soft"`` keeps the model's own attention (standard finetuning);
-    any other variant converts it with :func:`to_bam`.
+    ``pretrained``: a local folder or hub name (loaded with a new randomly initialized head unless
+    it holds one), or a model instance. ``variant="soft"`` keeps the model's own attention
+    (standard finetuning); any other variant converts it with :func:`to_bam`. A model saved or
+    passed with Bayesian attention keeps it, prior networks included, and must have been
+    converted with ``config``.
     """
     if isinstance(pretrained, PreTrainedModel):
         model = pretrained
+    elif saved_bam_config(pretrained, **_download_arguments(loading)) is not None:
+        model = from_pretrained(pretrained, AutoModelForSequenceClassification, num_labels=num_labels, **loading)
     else:
-        model = AutoModelForSequenceClassification.from_pretrained(pretrained, num_labels=num_labels, **from_pretrained)
-    if config.variant != "soft":
+        model = AutoModelForSequenceClassification.from_pretrained(pretrained, num_labels=num_labels, **loading)
+    converted = {m.config for m in model.modules() if isinstance(m, BayesianAttention)}
+    if converted:
+        if converted != {config}:
+            raise ValueError(f"the model's Bayesian attention is {' and '.join(sorted(map(str, converted)))}, not the requested {config}")
+    elif getattr(model.config, "bam", None) is not None:
+        raise ValueError(
+            "the model's config records Bayesian attention but the model has none (loaded with transformers' "
+            "from_pretrained, which drops it): load it with models.transformers_bam.from_pretrained"
+        )
+    elif config.variant != "soft":
         to_bam(model, config)
     network = SequenceNetwork(model)
     head = SequenceRegressor if num_labels == 1 else SequenceClassifier
