@@ -101,7 +101,8 @@ def bam_attention_forward(
 ) -> tuple[Tensor, Tensor]:
     """transformers attention function: query ``[B, H, L, d]``, key/value ``[B, H or fewer, L, d]``
     -> output ``[B, L, H, d]`` and weights ``[B, H, Lq, Lk]``, with the weights drawn by the
-    module's Bayesian attention.
+    module's Bayesian attention. The weights returned (``output_attentions=True``) are the
+    Bayesian weights themselves, before the attention dropout that the output sees.
 
     The scores before Phi are those of the model's eager attention: the scaled dot products, soft-
     capped (Gemma 2's ``softcap``), plus an additive ``position_bias`` (T5's relative positions;
@@ -132,8 +133,8 @@ def bam_attention_forward(
         weights = bam(scores, keys, axis)
     else:  # inside a checkpointed layer: drawn once, replayed by the recomputation
         weights = replay.attend(lambda: bam(scores, keys, axis), scores)
-    weights = F.dropout(weights, p=dropout, training=module.training)
-    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+    output = torch.matmul(F.dropout(weights, p=dropout, training=module.training), value)
+    return output.transpose(1, 2).contiguous(), weights
 
 
 def bam_mask(*args: Any, **kwargs: Any) -> Optional[Tensor]:
