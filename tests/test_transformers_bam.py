@@ -203,3 +203,28 @@ def test_real_minilm_matches_in_eval_mode():
         expected = original(**batch).logits
         got = bam_model.network(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
     assert torch.allclose(got, expected, atol=1e-4)
+
+
+def test_output_attentions_are_the_bayesian_weights():
+    """The weights returned are those the attention site drew (before attention dropout, which
+    would rescale rows to 1 / (1 - p) and zero entries), and softmax attention in eval mode."""
+    from bam_pyro.sites import attention_sites
+
+    model = to_bam(tiny_bert(), WC)
+    ids, mask = padded_batch()
+    model.train()
+    with poutine.trace() as tracer, attention_sites(record_weights=True):
+        returned = model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+    drawn = [site["value"] for name, site in tracer.trace.nodes.items() if name.endswith(".weights")]
+    assert len(returned) == len(drawn) == 2
+    for got, weights in zip(returned, drawn):
+        assert torch.equal(got, weights)
+        torch.testing.assert_close(got.sum(-1), torch.ones_like(got[..., 0]))
+    model.eval()
+    eager = copy.deepcopy(model)
+    eager.set_attn_implementation("eager")
+    with torch.no_grad():
+        returned = model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+        expected = eager(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+    for got, weights in zip(returned, expected):
+        torch.testing.assert_close(got, weights)

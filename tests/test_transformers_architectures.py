@@ -1,0 +1,123 @@
+"""Bayesian attention in architectures beyond BERT: T5's relative position bias, Gemma 2's
+soft-capped scores, encoder-decoders whose two sides have their own head counts (Bart)."""
+
+import copy
+
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import TraceMeanField_ELBO
+from torch import nn
+from transformers import (
+    BartConfig, BartForConditionalGeneration, Gemma2Config, Gemma2Model, T5Config, T5ForConditionalGeneration,
+)
+
+from bam_pyro import AttentionGuide, BamConfig, BamModel, ObjectiveConfig
+from bam_pyro.sites import SITE_INFO
+from models.transformers_bam import BAM_ATTRIBUTE, bam_attention_forward, to_bam
+
+WC = BamConfig("wc", k=10.0, beta=1e-2, d_mid=5)
+
+
+def tiny_t5():
+    config = T5Config(vocab_size=60, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+                      relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=0)
+    return T5ForConditionalGeneration(config).eval()
+
+
+def tiny_bart():
+    config = BartConfig(vocab_size=60, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                        decoder_attention_heads=2, encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=32)
+    return BartForConditionalGeneration(config).eval()
+
+
+def batch():
+    ids = torch.randint(3, 60, (3, 7))
+    mask = torch.ones_like(ids)
+    mask[1, 4:] = 0
+    return ids, mask, torch.randint(3, 60, (3, 5))
+
+
+def eager_copy(model):
+    eager = copy.deepcopy(model)
+    eager.set_attn_implementation("eager")
+    return eager
+
+
+class Seq2SeqNetwork(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, mask, decoder_ids):
+        return self.model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits
+
+
+class NextTokens(BamModel):
+    def likelihood(self, logits, targets=None):
+        self.observe("targets", dist.Categorical(logits=logits).to_event(1), targets)
+
+
+@pytest.mark.parametrize("make", [tiny_t5, tiny_bart], ids=["t5", "bart"])
+def test_encoder_decoder_in_eval_mode_is_its_own_attention(make):
+    """T5 adds its relative position bias to the scores (0.13 off if dropped); Bart's decoder has
+    2 heads where its encoder has 4."""
+    original = make()
+    bam = to_bam(copy.deepcopy(original), WC).eval()
+    ids, mask, decoder_ids = batch()
+    with torch.no_grad():
+        expected = eager_copy(original)(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits
+        got = bam(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("make", [tiny_t5, tiny_bart], ids=["t5", "bart"])
+def test_cross_attention_has_a_prior_of_its_own_size_and_trains(make):
+    bam = to_bam(make(), WC)
+    bam_model = NextTokens(Seq2SeqNetwork(bam), ObjectiveConfig())
+    bam_model.train()
+    ids, mask, decoder_ids = batch()
+    guide = AttentionGuide(bam_model.model)
+    loss = TraceMeanField_ELBO().differentiable_loss(bam_model.model, guide, ids, mask, decoder_ids,
+                                                     targets=torch.randint(3, 60, (3, 5)))
+    loss.backward()
+    model_trace, _ = guide.get_traces()
+    sites = [n for n, s in model_trace.nodes.items() if SITE_INFO in (s.get("infer") or {})]
+    assert len(sites) == 6 and sum("EncDecAttention" in n or "encoder_attn" in n for n in sites) == 2
+    priors = {n: p for n, p in bam.named_parameters() if ".prior_net." in n}
+    assert len(priors) == 18 and all(p.grad is not None and p.grad.abs().sum() > 0 for p in priors.values())
+
+
+def test_each_side_of_bart_sizes_its_priors_by_its_own_heads():
+    bam = to_bam(tiny_bart(), WC)
+    heads = {n: m.prior_net.hidden_weight.shape[0] for n, m in bam.named_modules() if n.endswith(BAM_ATTRIBUTE)}
+    assert len(heads) == 6
+    assert all(h == (4 if n.startswith("model.encoder.") else 2) for n, h in heads.items())
+
+
+def test_soft_capped_scores_match_eager_attention():
+    """Gemma 2 caps its scores (softcap * tanh(scores / softcap)) before the softmax, with
+    grouped-query attention and a sliding window besides."""
+    config = Gemma2Config(vocab_size=60, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=8, attn_logit_softcapping=2.0, sliding_window=4)
+    original = Gemma2Model(config).eval()
+    with torch.no_grad():  # scores of several units, where the cap bends them
+        for layer in original.layers:
+            layer.self_attn.q_proj.weight.mul_(100.0)
+    bam = to_bam(copy.deepcopy(original), WC).eval()
+    ids, mask, _ = batch()
+    valid = mask.bool()
+    with torch.no_grad():
+        expected = eager_copy(original)(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = bam(input_ids=ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(got[valid], expected[valid], atol=1e-5, rtol=1e-5)
+
+
+def test_attention_sinks_are_refused():
+    """A sink logit joins each softmax without a key (GPT-OSS's ``s_aux``): not implemented, and
+    ignoring it would change the weights without a word."""
+    module = nn.Module()
+    setattr(module, BAM_ATTRIBUTE, nn.Identity())
+    query = key = value = torch.zeros(1, 2, 3, 4)
+    with pytest.raises(NotImplementedError, match="s_aux= \\(attention sinks\\)"):
+        bam_attention_forward(module, query, key, value, None, s_aux=torch.zeros(2))
