@@ -23,6 +23,7 @@ from pyro.infer import TraceMeanField_ELBO
 from pyro.infer.trace_mean_field_elbo import _check_mean_field_requirement
 from pyro.infer.util import is_validation_enabled
 from pyro.poutine.guide import GuideMessenger
+from pyro.poutine.trace_struct import Trace
 from pyro.poutine.util import prune_subsample_sites
 from pyro.util import check_if_enumerated, check_model_guide_match, check_site_shape
 
@@ -61,6 +62,7 @@ class AttentionMeanFieldELBO(TraceMeanField_ELBO):
             return super()._get_trace(model, guide, args, kwargs)
         guide(*args, **kwargs)
         model_trace, guide_trace = messenger.get_traces()
+        messenger.trace = Trace()  # else it holds every site's Phi, S and prior until the next step
         validate = is_validation_enabled()
         if validate:
             check_model_guide_match(model_trace, guide_trace, self.max_plate_nesting)

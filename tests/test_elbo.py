@@ -289,3 +289,13 @@ def test_attention_elbo_runs_pyros_checks_on_its_first_call_only(monkeypatch):
     ran.clear()
     lean.differentiable_loss(model.model, guide, x, edge_index, y=y)
     assert ran == []
+
+
+def test_the_guide_keeps_no_attention_map_once_the_loss_is_computed():
+    """A GuideMessenger keeps its last trace (every site's Phi, S and prior) until its next call;
+    the trainer's ELBO lets go of it, so no attention map outlives the step that needed it."""
+    x, edge_index, y = random_graph()
+    model = build_node_classifier(x.size(1), 3, BamConfig("wc", k=2.0, beta=0.5), ObjectiveConfig())
+    guide = AttentionGuide(model.model)
+    loss = AttentionMeanFieldELBO().differentiable_loss(model.model, guide, x, edge_index, y=y)
+    assert torch.isfinite(loss) and not guide.trace.nodes
