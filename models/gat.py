@@ -9,7 +9,6 @@ its Pyro model.
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from typing import NamedTuple, Optional, Union
 
@@ -18,29 +17,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
-from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.dense.linear import Linear, is_uninitialized_parameter
 from torch_geometric.nn.inits import glorot, zeros
-from torch_geometric.typing import SparseTensor
-from torch_geometric.utils import add_self_loops, remove_self_loops
 
-from bam_pyro import BamConfig, BamModel, BayesianAttention, EdgeKeys, ObjectiveConfig
+from bam_pyro import BamConfig, BamModel, ObjectiveConfig
 
-from .adjacency import Adj, attention_like, read_adjacency
+from .adjacency import Adj
+from .edge_attention import SOFT, EdgeAttentionConv, NodeFeatures, NodeInput
 
-SOFT = BamConfig("soft")
-
-
-class BayesianGATConv(MessagePassing):
+class BayesianGATConv(EdgeAttentionConv):
     """PyG's ``GATConv`` with Bayesian attention weights: same arguments in the same order, same
     parameters, same outputs; ``config`` makes the attention stochastic.
 
     Scores ``LeakyReLU(a_src . W_s h_j + a_dst . W_t h_i [+ a_edge . W_e e_ji])`` per edge and head
     are normalized over each target's incoming edges by :class:`bam_pyro.BayesianAttention` over
-    :class:`bam_pyro.EdgeKeys` (memory linear in the edges). With the default ``config`` (soft
-    attention) this is ``GATConv``, parameter for parameter; with a stochastic variant each call is
-    a Pyro sample site inside a :class:`bam_pyro.BamModel`, and the posterior mean (eval mode) is
-    again ``GATConv``'s output.
+    :class:`bam_pyro.EdgeKeys` (see :mod:`models.edge_attention`). With the default ``config``
+    (soft attention) this is ``GATConv``, parameter for parameter; with a stochastic variant each
+    call is a Pyro sample site inside a :class:`bam_pyro.BamModel`, and the posterior mean (eval
+    mode) is again ``GATConv``'s output.
 
     As in ``GATConv``: ``in_channels`` is an int, -1 (lazy) or a pair (sources, targets) for
     bipartite graphs; ``dropout`` drops the normalized attention weights; self-loops replace any
@@ -78,10 +72,9 @@ class BayesianGATConv(MessagePassing):
         input_dropout: float = 0.0,
         dropout_per_head: bool = False,
     ) -> None:
-        super().__init__(aggr="add", node_dim=-3)
-        self.in_channels, self.out_channels, self.heads, self.concat = in_channels, out_channels, heads, concat
-        self.negative_slope, self.dropout = negative_slope, dropout
-        self.add_self_loops, self.edge_dim, self.fill_value, self.residual = add_self_loops, edge_dim, fill_value, residual
+        super().__init__(in_channels, out_channels, heads, concat, dropout, config)
+        self.negative_slope, self.add_self_loops, self.edge_dim = negative_slope, add_self_loops, edge_dim
+        self.fill_value, self.residual = fill_value, residual
         self.input_dropout, self.dropout_per_head = input_dropout, dropout_per_head
         width = heads * out_channels
         self.lin = self.lin_src = self.lin_dst = None
@@ -92,7 +85,7 @@ class BayesianGATConv(MessagePassing):
             self.lin_dst = Linear(in_channels[1], width, bias=False, weight_initializer="glorot")
         self.att_src = nn.Parameter(torch.empty(1, heads, out_channels))
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
-        self.lin_edge = self.att_edge = None
+        self.att_edge = None
         if edge_dim is not None:
             self.lin_edge = Linear(edge_dim, width, bias=False, weight_initializer="glorot")
             self.att_edge = nn.Parameter(torch.empty(1, heads, out_channels))
@@ -100,7 +93,6 @@ class BayesianGATConv(MessagePassing):
         target_channels = in_channels if isinstance(in_channels, int) else in_channels[1]
         self.res = Linear(target_channels, total_out, bias=False, weight_initializer="glorot") if residual else None
         self.bias = nn.Parameter(torch.empty(total_out)) if bias else None
-        self.attention = BayesianAttention(config, heads, out_channels)
         # nonzeros of the last input of each projection, for the per-head dropout
         self.source_entries, self.target_entries = SparseEntriesCache(out_channels), SparseEntriesCache(out_channels)
         self.reset_parameters()
@@ -114,66 +106,31 @@ class BayesianGATConv(MessagePassing):
         glorot(self.att_dst)
         glorot(self.att_edge)
         zeros(self.bias)
-        if self.attention.prior_net is not None:
-            self.attention.prior_net.reset_parameters()
 
     def forward(
         self,
-        x: Union[Tensor, tuple[Tensor, Optional[Tensor]]],
+        x: NodeInput,
         edge_index: Adj,
         edge_attr: Optional[Tensor] = None,
         size: Optional[tuple[int, int]] = None,
         return_attention_weights: Optional[bool] = None,
     ):
-        if edge_attr is not None and self.lin_edge is None:
-            warnings.warn("edge_attr is ignored: the layer has no edge_dim (as in GATConv)", stacklevel=2)
-        x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
-        res = self.res(x_dst) if self.res is not None and x_dst is not None else None
-        h_src, h_dst = self.project(x)
-        adjacency = read_adjacency(edge_index, edge_attr, size)
-        num_src = h_src.size(-3)
-        num_dst = h_dst.size(-3) if h_dst is not None else num_src  # as PyG, when nothing says
-        edge_index, edge_attr = adjacency.edge_index, adjacency.edge_attr
-        if self.add_self_loops:
-            if adjacency.layout is SparseTensor and self.edge_dim is not None:
-                raise NotImplementedError(
-                    "self-loops with edge features are not supported for a SparseTensor adjacency (as in GATConv)"
-                )
-            # one loop per node that is both a source and a target
-            num_loops = min(adjacency.size) if adjacency.size is not None else min(num_src, num_dst)
-            edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
-            edge_index, edge_attr = add_self_loops(edge_index, edge_attr, self.fill_value, num_nodes=num_loops)
-        if adjacency.size is not None:
-            num_dst = adjacency.size[1]
-        scores = self.score(h_src, h_dst, edge_index, edge_attr)  # [..., E, H]
-        attention = self.attention(scores, h_src, EdgeKeys(edge_index, num_dst))
-        weights = F.dropout(attention, p=self.dropout, training=self.training)
-        if self.dropout_per_head:
-            h_src = F.dropout(h_src, p=self.input_dropout, training=self.training)
-        out = self.propagate(edge_index, x=(h_src, None), weights=weights, size=(num_src, num_dst))
-        out = out.flatten(-2) if self.concat else out.mean(-2)
-        if res is not None:
-            out = out + res
-        if self.bias is not None:
-            out = out + self.bias
-        if return_attention_weights:
-            return out, attention_like(adjacency, edge_index, weights, (num_src, num_dst))
-        return out
+        return self.attend(x, edge_index, edge_attr, size, return_attention_weights)
 
-    def project(self, x: Union[Tensor, tuple[Tensor, Optional[Tensor]]]) -> tuple[Tensor, Optional[Tensor]]:
-        """The heads' features ``[..., nodes, heads, out_channels]`` of sources and targets (None
-        for targets given as None); one projection serves both when the graph is not bipartite."""
+    def project(self, x: NodeInput) -> NodeFeatures:
+        """The heads' features ``W h`` serve as keys and values of the sources and as queries of
+        the targets; one projection serves both when the graph is not bipartite."""
         if isinstance(x, Tensor):
             if self.lin is not None:
                 h = self.project_with(self.lin, x, self.source_entries)
-                return h, h
+                return NodeFeatures(h, h, h)
             x = (x, x)
         x_src, x_dst = x
         lin_src = self.lin if self.lin is not None else self.lin_src
         lin_dst = self.lin if self.lin is not None else self.lin_dst
         h_src = self.project_with(lin_src, x_src, self.source_entries)
         h_dst = None if x_dst is None else self.project_with(lin_dst, x_dst, self.target_entries)
-        return h_src, h_dst
+        return NodeFeatures(h_src, h_src, h_dst)
 
     def project_with(self, lin: Linear, x: Tensor, entries: SparseEntriesCache) -> Tensor:
         """``W_h input_dropout(x)`` for every head h, one shared input mask or one per head."""
@@ -184,24 +141,22 @@ class BayesianGATConv(MessagePassing):
         x = input_dropout(x, self.input_dropout, self.training)
         return lin(x).unflatten(-1, (self.heads, self.out_channels))
 
-    def score(self, h_src: Tensor, h_dst: Optional[Tensor], edge_index: Tensor, edge_attr: Optional[Tensor]) -> Tensor:
-        """GAT's attention scores per edge and head, ``[..., num_edges, heads]``."""
-        src, dst = edge_index
-        scores = (h_src * self.att_src).sum(-1).index_select(-2, src)
-        if h_dst is not None:
-            scores = scores + (h_dst * self.att_dst).sum(-1).index_select(-2, dst)
-        if self.lin_edge is not None and edge_attr is not None and src.numel() > 0:
-            edge_features = self.lin_edge(edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr)
-            scores = scores + (edge_features.unflatten(-1, (self.heads, self.out_channels)) * self.att_edge).sum(-1)
+    def score(self, nodes: NodeFeatures, edge_index: Tensor, edge_features: Optional[Tensor]) -> Tensor:
+        src, dst = edge_index  # a_src . W h_j per node first, then per edge: no [E, H, C] tensor
+        scores = (nodes.keys * self.att_src).sum(-1).index_select(-2, src)
+        if nodes.queries is not None:
+            scores = scores + (nodes.queries * self.att_dst).sum(-1).index_select(-2, dst)
+        if edge_features is not None:
+            scores = scores + (edge_features * self.att_edge).sum(-1)
         return F.leaky_relu(scores, self.negative_slope)
 
-    def message(self, x_j: Tensor, weights: Tensor) -> Tensor:
-        return x_j * weights.unsqueeze(-1)
+    def message_values(self, values: Tensor) -> Tensor:
+        return F.dropout(values, p=self.input_dropout, training=self.training) if self.dropout_per_head else values
 
-    def __repr__(self) -> str:
-        variant = self.attention.config.variant
-        extra = "" if variant == "soft" else f", variant={variant!r}"
-        return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads}{extra})"
+    def combine(self, out: Tensor, x_dst: Optional[Tensor]) -> Tensor:
+        if self.res is not None and x_dst is not None:
+            out = out + self.res(x_dst)
+        return out if self.bias is None else out + self.bias
 
 
 def input_dropout(x: Tensor, p: float, training: bool) -> Tensor:

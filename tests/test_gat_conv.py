@@ -1,7 +1,8 @@
 """BayesianGATConv as a drop-in for PyG's GATConv: signature, every input form PyG's GATConv takes
 (bipartite, size, edge features with fill values, residual, no bias, torch.sparse and SparseTensor
 adjacency, empty graphs), parameter-for-parameter equality with GATConv under soft attention (and
-under the posterior mean of a stochastic variant), and to_hetero.
+under the posterior mean of a stochastic variant), and to_hetero; BayesianGATv2Conv and
+BayesianTransformerConv, on the same core, against GATv2Conv and TransformerConv.
 
 The first part restates the cases of PyG's own ``test/nn/conv/test_gat_conv.py`` as behaviour
 checks run on both classes: through the one-line adapter ``CONVS``, what holds for GATConv must
@@ -15,11 +16,12 @@ import pytest
 import torch
 from pyro.infer import TraceMeanField_ELBO
 from torch import nn
-from torch_geometric.nn import GATConv, to_hetero
+from torch_geometric.nn import GATConv, GATv2Conv, TransformerConv, to_hetero
 from torch_geometric.typing import WITH_TORCH_SPARSE, SparseTensor
-from torch_geometric.utils import to_torch_coo_tensor, to_torch_csc_tensor, to_torch_csr_tensor
+from torch_geometric.utils import to_edge_index, to_torch_coo_tensor, to_torch_csc_tensor, to_torch_csr_tensor
 
 from bam_pyro import AttentionGuide, BamConfig, ObjectiveConfig
+from models.attention_convs import BayesianGATv2Conv, BayesianTransformerConv
 from models.gat import GAT, BayesianGATConv, NodeClassifier
 
 CONVS = [pytest.param(GATConv, id="GATConv"), pytest.param(BayesianGATConv, id="BayesianGATConv")]
@@ -187,9 +189,10 @@ def graph_inputs(form: str, edge_dim=None):
     if form == "lazy bipartite":
         return (-1, -1), ((x_src, x_dst), edge_index), kwargs
     x, square = x_src, edge_index.clamp(max=6)
-    if form.startswith("torch.sparse"):
+    if form.startswith("torch.sparse"):  # edge features, if any, as the adjacency's values
         to_sparse = {"coo": to_torch_coo_tensor, "csr": to_torch_csr_tensor}[form.split()[-1]]
-        return 6, (x, to_sparse(square.flip(0), size=(7, 7))), {}
+        features = kwargs.get("edge_attr") if edge_dim and edge_dim > 1 else None
+        return 6, (x, to_sparse(square.flip(0), features, size=(7, 7))), {}
     if form == "size":
         return 6, (x, square), {**kwargs, "size": (7, 7)}
     return (-1 if form == "lazy" else 6), (x, square), kwargs
@@ -206,25 +209,24 @@ OPTIONS = {
 }
 
 
-def assert_same_as_gatconv(args, kwargs, in_channels, options, config, train=False):
-    pyg = GATConv(in_channels, 4, **options)
-    ours = BayesianGATConv(in_channels, 4, **options, config=config)
+def assert_same_as_pyg(args, kwargs, in_channels, options, config, train=False, pyg_class=GATConv, our_class=BayesianGATConv):
+    pyg = pyg_class(in_channels, 4, **options)
+    ours = our_class(in_channels, 4, **options, config=config)
     pyg.train(train), ours.train(train)
     if -1 in (in_channels if isinstance(in_channels, tuple) else (in_channels,)):
         pyg(*args, **kwargs), ours(*args, **kwargs)  # materialize the lazy weights
-    copy_into(pyg, ours)
     with torch.no_grad():
-        if pyg.bias is not None:
+        if isinstance(getattr(pyg, "bias", None), nn.Parameter):
             pyg.bias.normal_()  # zero at initialization: give it something to compare
-        ours.bias = pyg.bias
+    copy_into(pyg, ours)
     torch.manual_seed(3)
     out, (adj, weights) = ours(*args, **kwargs, return_attention_weights=True)
     torch.manual_seed(3)
     expected, (pyg_adj, pyg_weights) = pyg(*args, **kwargs, return_attention_weights=True)
     assert torch.allclose(out, expected, atol=1e-5)
-    if adj.is_sparse or adj.layout != torch.strided:
-        assert adj.layout == pyg_adj.layout
-        assert torch.allclose(adj.to_dense(), pyg_adj.to_dense(), atol=1e-6)
+    if adj.layout != torch.strided:  # a sparse adjacency, its entries in the order of the weights
+        assert adj.layout == pyg_adj.layout and adj.shape[:2] == pyg_adj.shape[:2]
+        assert torch.equal(to_edge_index(adj)[0], to_edge_index(pyg_adj)[0])
     else:
         assert torch.equal(adj, pyg_adj)
     assert torch.allclose(weights, pyg_weights, atol=1e-6)
@@ -236,30 +238,30 @@ def test_soft_attention_is_gatconv(form, options):
     in_channels, args, kwargs = graph_inputs(form)
     if form == "sources only" and options.get("residual"):
         pytest.skip("no targets, nothing to add a residual to")
-    assert_same_as_gatconv(args, kwargs, in_channels, options, BamConfig("soft"))
+    assert_same_as_pyg(args, kwargs, in_channels, options, BamConfig("soft"))
 
 
 @pytest.mark.parametrize("fill_value", [0.5, "mean", "add", torch.tensor([1.0, -2.0, 0.5])])
 @pytest.mark.parametrize("form", ["plain", "bipartite"])
 def test_soft_attention_with_edge_features_is_gatconv(form, fill_value):
     in_channels, args, kwargs = graph_inputs(form, edge_dim=3)
-    assert_same_as_gatconv(args, kwargs, in_channels, dict(heads=2, edge_dim=3, fill_value=fill_value), BamConfig("soft"))
+    assert_same_as_pyg(args, kwargs, in_channels, dict(heads=2, edge_dim=3, fill_value=fill_value), BamConfig("soft"))
     in_channels, args, kwargs = graph_inputs(form, edge_dim=1)  # one weight per edge
-    assert_same_as_gatconv(args, kwargs, in_channels, dict(heads=2, edge_dim=1), BamConfig("soft"))
+    assert_same_as_pyg(args, kwargs, in_channels, dict(heads=2, edge_dim=1), BamConfig("soft"))
 
 
 def test_attention_dropout_is_gatconvs_in_training():
     """``dropout`` is GATConv's: on the attention weights only (the same draws give the same
     output), and the weights returned are those that weighted the messages."""
     in_channels, args, kwargs = graph_inputs("plain")
-    assert_same_as_gatconv(args, kwargs, in_channels, dict(heads=2, dropout=0.4), BamConfig("soft"), train=True)
+    assert_same_as_pyg(args, kwargs, in_channels, dict(heads=2, dropout=0.4), BamConfig("soft"), train=True)
 
 
 @pytest.mark.parametrize("variant", ["lf", "wc"])
 @pytest.mark.parametrize("form", ["plain", "bipartite", "torch.sparse csr"])
 def test_posterior_mean_of_stochastic_attention_is_gatconv(form, variant):
     in_channels, args, kwargs = graph_inputs(form)
-    assert_same_as_gatconv(args, kwargs, in_channels, dict(heads=2), BamConfig(variant))
+    assert_same_as_pyg(args, kwargs, in_channels, dict(heads=2), BamConfig(variant))
 
 
 def test_sample_dimensions_broadcast_through():
@@ -272,6 +274,57 @@ def test_sample_dimensions_broadcast_through():
     _, adj_t = graph_inputs("torch.sparse csr")[1]
     with pytest.raises(ValueError, match="sample dimensions"):
         conv(stacked, adj_t, return_attention_weights=True)
+
+
+# --- GATv2Conv and TransformerConv: the same core, another scoring function ---------------------
+
+ON_THE_CORE = {
+    "GATv2Conv": (GATv2Conv, BayesianGATv2Conv, {
+        "defaults": {},
+        "heads, mean": dict(heads=3, concat=False),
+        "shared weights, no bias": dict(heads=2, share_weights=True, bias=False),
+        "residual, edge features": dict(heads=2, residual=True, edge_dim=3, fill_value=0.5),
+        "no self-loops": dict(heads=2, add_self_loops=False),
+    }),
+    "TransformerConv": (TransformerConv, BayesianTransformerConv, {
+        "defaults": {},
+        "heads, mean": dict(heads=3, concat=False),
+        "beta gate, edge features": dict(heads=2, beta=True, edge_dim=3),
+        "no root weight, no bias": dict(heads=2, root_weight=False, bias=False),
+    }),
+}
+CORE_CASES = [
+    pytest.param(classes, options, id=f"{name}-{option_name}")
+    for name, (*classes, option_sets) in ON_THE_CORE.items()
+    for option_name, options in option_sets.items()
+]
+
+
+@pytest.mark.parametrize("form", ["plain", "lazy", "bipartite", "pair, shared weights", "torch.sparse csr"])
+@pytest.mark.parametrize("classes, options", CORE_CASES)
+def test_soft_attention_is_gatv2conv_and_transformerconv(classes, options, form):
+    if options.get("share_weights") and form == "bipartite":
+        pytest.skip("sources and targets of different widths cannot share a projection")
+    in_channels, args, kwargs = graph_inputs(form, edge_dim=options.get("edge_dim"))
+    pyg_class, our_class = classes
+    assert_same_as_pyg(args, kwargs, in_channels, options, BamConfig("soft"), pyg_class=pyg_class, our_class=our_class)
+    assert_same_as_pyg(args, kwargs, in_channels, options, WC, pyg_class=pyg_class, our_class=our_class)  # posterior mean
+
+
+@pytest.mark.parametrize("our_class", [BayesianGATv2Conv, BayesianTransformerConv])
+def test_gatv2_and_transformer_are_attention_sites(our_class):
+    """Stochastic attention on the shared core: one site per layer, its KL read by the ELBO."""
+    network = our_class(6, 4, heads=2, config=WC)
+    model = NodeClassifier(network, ObjectiveConfig())
+    _, (x, edge_index), _ = graph_inputs("plain")
+    guide = AttentionGuide(model.model)
+    loss = TraceMeanField_ELBO().differentiable_loss(model.model, guide, x, edge_index, y=torch.randint(0, 4, (7,)))
+    loss.backward()
+    model_trace, guide_trace = guide.get_traces()
+    assert [name for name, site in guide_trace.nodes.items() if site["type"] == "sample"] == ["attention"]
+    kl = torch.distributions.kl_divergence(guide_trace.nodes["attention"]["fn"], model_trace.nodes["attention"]["fn"])
+    assert kl.item() > 0
+    assert all(p.grad is not None for p in network.parameters())
 
 
 # --- empty graphs -------------------------------------------------------------------------------
