@@ -115,7 +115,10 @@ SHARED_SHIFT_RANGE = 80.0
 
 
 class EdgeKeys:
-    """Keys are the sources of each target's incoming edges in a PyG ``edge_index``."""
+    """Keys are the sources of each target's incoming edges in a PyG ``edge_index``.
+
+    ``num_nodes`` is the number of targets (queries); the sources may be other nodes (a bipartite
+    graph), per-key values then have one row per source. A graph without edges is allowed."""
 
     event_dim = 2
     mask = None

@@ -25,6 +25,7 @@ from bam_pyro import BamConfig, BamModel, ObjectiveConfig
 from .adjacency import Adj
 from .edge_attention import SOFT, EdgeAttentionConv, NodeFeatures, NodeInput
 
+
 class BayesianGATConv(EdgeAttentionConv):
     """PyG's ``GATConv`` with Bayesian attention weights: same arguments in the same order, same
     parameters, same outputs; ``config`` makes the attention stochastic.
