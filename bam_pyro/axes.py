@@ -15,6 +15,7 @@ Any leading dimensions (posterior samples, particles, batches) broadcast through
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Protocol
 
 import torch
@@ -114,7 +115,10 @@ SHARED_SHIFT_RANGE = 80.0
 
 
 class EdgeKeys:
-    """Keys are the sources of each target's incoming edges in a PyG ``edge_index``."""
+    """Keys are the sources of each target's incoming edges in a PyG ``edge_index``.
+
+    ``num_nodes`` is the number of targets (queries); the sources may be other nodes (a bipartite
+    graph), per-key values then have one row per source. A graph without edges is allowed."""
 
     event_dim = 2
     mask = None
@@ -131,6 +135,8 @@ class EdgeKeys:
         # maximum, needs torch's scatter amax, the slowest scatter on CPU. One maximum per head
         # over all edges is as exact whenever no value lies more than SHARED_SHIFT_RANGE below it
         # (no exp under- or overflows); otherwise fall back to PyG's per-target shift.
+        if values.numel() == 0:  # no edges (or no heads): nothing to normalize
+            return values.softmax(dim=-2)
         detached = values.detach()
         low, high = torch.aminmax(detached, dim=-2, keepdim=True)
         if not bool((low > high - SHARED_SHIFT_RANGE).all()):
@@ -152,4 +158,5 @@ class EdgeKeys:
         return per_key.softmax(dim=-2)  # over all nodes of the graph
 
     def num_valid(self, entries: Tensor) -> int:
-        return entries.shape[-2:].numel()
+        # math.prod: under Pyro's provenance tracking (pyro.render_model) .shape is a plain tuple
+        return math.prod(entries.shape[-2:])

@@ -25,6 +25,10 @@ semi-analytic KL) and
   (:class:`~bam_pyro.attention_map.AttentionMap`, closed forms in :mod:`bam_pyro.kl`), which
   ``TraceMeanField_ELBO`` reads in place of Monte Carlo; :class:`~bam_pyro.elbo.AttentionMeanFieldELBO`
   is that ELBO without the log-densities of attention sites, which it never reads.
+
+The model registers its parameters with Pyro (as ``pyro.module`` does) on every call, so that
+Pyro's own ``SVI`` with a ``pyro.optim`` optimizer trains them; a ``torch.optim`` optimizer on
+``bam_model.parameters()`` trains the very same tensors.
 """
 
 from __future__ import annotations
@@ -35,11 +39,16 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro import poutine
+from pyro.params import param_with_module_name
 from torch import Tensor, nn
 
 from .attention import BayesianAttention
 from .config import ObjectiveConfig
 from .sites import attention_sites
+
+#: key of a site's ``infer`` dict that marks it a target of the model (declared by ``observe``):
+#: unobserved, it is predicted from the model, never given a posterior of its own
+TARGET = "bam_target"
 
 
 class BamModel(nn.Module):
@@ -53,11 +62,15 @@ class BamModel(nn.Module):
     ``num_sites`` is the number of attention sites per pass, L in the mean reduction; by default
     the number of attention modules with a prior. A model that calls one module several times
     (ALBERT's shared layer) sets it to the number of calls.
+
+    ``pyro_name`` names the model's parameters in Pyro's param store:
+    ``"<pyro_name>$$$network.<parameter>"`` (see :meth:`register_parameters`).
     """
 
-    def __init__(self, network: nn.Module, objective: ObjectiveConfig) -> None:
+    def __init__(self, network: nn.Module, objective: ObjectiveConfig, *, pyro_name: str = "bam") -> None:
         super().__init__()
         self.network = network
+        self.pyro_name = pyro_name
         self.objective = objective
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
         self.record_attention = False
@@ -74,8 +87,34 @@ class BamModel(nn.Module):
         mean_over = self.num_sites if self.objective.reduction == "mean" else None
         with attention_sites(self.kl_scale(), mean_over, self.record_attention):
             outputs = self.network(*inputs)
+        self.register_parameters()  # after the pass, which materializes lazy parameters
         self.likelihood(outputs, **targets)
         return outputs
+
+    def register_parameters(self) -> None:
+        """Declare every trainable parameter a Pyro param, under the name ``pyro.module`` gives it.
+
+        Pyro's ``SVI`` optimizes the params a model declares, so without this ``SVI`` with a
+        ``pyro.optim`` optimizer would train nothing. The param store holds the module's own
+        tensors: the module stays their owner (``state_dict``, a ``torch.optim`` optimizer on
+        :meth:`parameters`). An entry of the same name that is not this model's (an earlier model
+        of the same ``pyro_name``) is replaced; ``pyro.module`` would keep it, and ``SVI`` would
+        then train the earlier model's tensors while this one computes with its own."""
+        store = pyro.get_param_store()
+        for name, param in self.named_parameters():
+            if not param.requires_grad:
+                continue
+            full_name = param_with_module_name(self.pyro_name, name)
+            if full_name in store and store[full_name] is not param:
+                del store[full_name]
+            pyro.param(full_name, param)
+
+    def __getstate__(self) -> dict:
+        # the param store tags each parameter it returns with a weak reference (``.unconstrained``),
+        # which pickle refuses; it sets it again on the next read (Pyro's PyroModule does the same)
+        for param in self.parameters():
+            param.__dict__.pop("unconstrained", None)
+        return super().__getstate__()
 
     def likelihood(self, outputs: Any, **targets: Any) -> None:
         """Declare the observed sites given the network's outputs (task-specific)."""
@@ -101,8 +140,8 @@ class BamModel(nn.Module):
 
     def observe(self, name: str, fn: dist.TorchDistribution, obs: Optional[Tensor]) -> Tensor:
         """An observed site over a plate of data points (the last batch dim of ``fn``), scaled by
-        1/n under the ``mean`` reduction."""
+        1/n under the ``mean`` reduction. With ``obs=None`` it is the prediction of the targets."""
         n = fn.batch_shape[-1]
         scale = 1.0 / n if self.objective.reduction == "mean" else 1.0
         with pyro.plate(f"{name}_data", n, dim=-1), poutine.scale(scale=scale):
-            return pyro.sample(name, fn, obs=obs)
+            return pyro.sample(name, fn, obs=obs, infer={TARGET: True})

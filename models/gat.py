@@ -1,10 +1,10 @@
 """Graph attention network (Velickovic et al. 2018) with Bayesian attention, on PyG.
 
-``BayesianGATConv`` is GAT's layer with its per-edge softmax replaced by
-:class:`bam_pyro.BayesianAttention` over :class:`bam_pyro.EdgeKeys`: scores
-``LeakyReLU(a_src . W h_j + a_dst . W h_i)`` per edge and head, normalized over each target's
-neighbourhood, memory linear in edges. With ``variant="soft"`` it is the plain GAT layer.
-Leading sample dimensions (vectorized posterior samples) broadcast through.
+``BayesianGATConv`` is PyG's ``GATConv`` with its per-edge softmax replaced by
+:class:`bam_pyro.BayesianAttention` over :class:`bam_pyro.EdgeKeys`: a drop-in replacement that
+takes the same arguments, holds the same parameters and, with soft attention, computes the same
+outputs. ``GAT`` is the two-layer network of the paper's node classification, ``NodeClassifier``
+its Pyro model.
 """
 
 from __future__ import annotations
@@ -17,94 +17,147 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
-from torch_geometric.nn.conv import MessagePassing
-from torch_geometric.nn.dense.linear import Linear
+from torch_geometric.nn.dense.linear import Linear, is_uninitialized_parameter
 from torch_geometric.nn.inits import glorot, zeros
-from torch_geometric.utils import add_self_loops, remove_self_loops
 
-from bam_pyro import BamConfig, BamModel, BayesianAttention, EdgeKeys, ObjectiveConfig
+from bam_pyro import BamConfig, BamModel, ObjectiveConfig
+
+from .adjacency import Adj
+from .edge_attention import SOFT, EdgeAttentionConv, NodeFeatures, NodeInput
 
 
-class BayesianGATConv(MessagePassing):
-    """One graph attention layer with Bayesian attention weights.
+class BayesianGATConv(EdgeAttentionConv):
+    """PyG's ``GATConv`` with Bayesian attention weights: same arguments in the same order, same
+    parameters, same outputs; ``config`` makes the attention stochastic.
 
-    ``x``: ``[..., num_nodes, in_channels]`` -> ``[..., num_nodes, heads * out_channels]``
-    (``concat``) or ``[..., num_nodes, out_channels]`` (heads averaged). ``dropout`` is the rate on
-    the layer's input and on its attention weights; with ``dropout_per_head`` every head draws its
-    own input mask and the projected features (the messages) are dropped too. As in PyG's
-    ``GATConv``, self-loops are replaced by one per node unless ``add_self_loops=False``, and
-    ``return_attention_weights=True`` also returns the edges with their attention weights
-    (``[..., num_edges, heads]``, before dropout).
+    Scores ``LeakyReLU(a_src . W_s h_j + a_dst . W_t h_i [+ a_edge . W_e e_ji])`` per edge and head
+    are normalized over each target's incoming edges by :class:`bam_pyro.BayesianAttention` over
+    :class:`bam_pyro.EdgeKeys` (see :mod:`models.edge_attention`). With the default ``config``
+    (soft attention) this is ``GATConv``, parameter for parameter; with a stochastic variant each
+    call is a Pyro sample site inside a :class:`bam_pyro.BamModel`, and the posterior mean (eval
+    mode) is again ``GATConv``'s output.
+
+    As in ``GATConv``: ``in_channels`` is an int, -1 (lazy) or a pair (sources, targets) for
+    bipartite graphs; ``dropout`` drops the normalized attention weights; self-loops replace any
+    existing ones unless ``add_self_loops=False`` (with edge features, theirs come from
+    ``fill_value``); ``forward(x, edge_index, edge_attr=None, size=None,
+    return_attention_weights=None)`` takes node features or a (sources, targets) pair, an
+    ``edge_index``, a ``torch.sparse`` or a ``SparseTensor`` adjacency, and on request also returns
+    the attention weights that weighted the messages (after dropout), as ``(edge_index,
+    [num_edges, heads])`` or as a sparse adjacency like the input.
+
+    Beyond ``GATConv`` (keywords only): ``config``, the :class:`bam_pyro.BamConfig` of the
+    attention; ``input_dropout``, a dropout rate on the node features the heads project (the
+    original GAT drops the layer input; ``GATConv`` leaves it to the caller); with
+    ``dropout_per_head`` each head draws its own input mask and its projected features (the
+    messages) are dropped too, as in the original GAT code. Node features may carry leading sample
+    dimensions (``[..., num_nodes, channels]``, vectorized posterior samples): they broadcast
+    through.
     """
 
     def __init__(
         self,
-        in_channels: int,
+        in_channels: Union[int, tuple[int, int]],
         out_channels: int,
-        heads: int,
-        config: BamConfig,
+        heads: int = 1,
         concat: bool = True,
         negative_slope: float = 0.2,
         dropout: float = 0.0,
-        dropout_per_head: bool = False,
         add_self_loops: bool = True,
+        edge_dim: Optional[int] = None,
+        fill_value: Union[float, Tensor, str] = "mean",
+        bias: bool = True,
+        residual: bool = False,
+        *,
+        config: BamConfig = SOFT,
+        input_dropout: float = 0.0,
+        dropout_per_head: bool = False,
     ) -> None:
-        super().__init__(aggr="add", node_dim=-3)
-        self.heads, self.out_channels, self.concat = heads, out_channels, concat
-        self.add_self_loops = add_self_loops
-        self.negative_slope, self.dropout, self.dropout_per_head = negative_slope, dropout, dropout_per_head
-        self.lin = Linear(in_channels, heads * out_channels, bias=False, weight_initializer="glorot")
+        super().__init__(in_channels, out_channels, heads, concat, dropout, config)
+        self.negative_slope, self.add_self_loops, self.edge_dim = negative_slope, add_self_loops, edge_dim
+        self.fill_value, self.residual = fill_value, residual
+        self.input_dropout, self.dropout_per_head = input_dropout, dropout_per_head
+        width = heads * out_channels
+        self.lin = self.lin_src = self.lin_dst = None
+        if isinstance(in_channels, int):
+            self.lin = Linear(in_channels, width, bias=False, weight_initializer="glorot")
+        else:
+            self.lin_src = Linear(in_channels[0], width, bias=False, weight_initializer="glorot")
+            self.lin_dst = Linear(in_channels[1], width, bias=False, weight_initializer="glorot")
         self.att_src = nn.Parameter(torch.empty(1, heads, out_channels))
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
-        self.bias = nn.Parameter(torch.empty(heads * out_channels if concat else out_channels))
-        self.attention = BayesianAttention(config, heads, out_channels)
-        self.input_entries = SparseEntriesCache(out_channels)
+        self.att_edge = None
+        if edge_dim is not None:
+            self.lin_edge = Linear(edge_dim, width, bias=False, weight_initializer="glorot")
+            self.att_edge = nn.Parameter(torch.empty(1, heads, out_channels))
+        total_out = width if concat else out_channels
+        target_channels = in_channels if isinstance(in_channels, int) else in_channels[1]
+        self.res = Linear(target_channels, total_out, bias=False, weight_initializer="glorot") if residual else None
+        self.bias = nn.Parameter(torch.empty(total_out)) if bias else None
+        # nonzeros of the last input of each projection, for the per-head dropout
+        self.source_entries, self.target_entries = SparseEntriesCache(out_channels), SparseEntriesCache(out_channels)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         super().reset_parameters()
-        self.lin.reset_parameters()
+        for lin in (self.lin, self.lin_src, self.lin_dst, self.lin_edge, self.res):
+            if lin is not None:
+                lin.reset_parameters()
         glorot(self.att_src)
         glorot(self.att_dst)
+        glorot(self.att_edge)
         zeros(self.bias)
-        if self.attention.prior_net is not None:
-            self.attention.prior_net.reset_parameters()
 
     def forward(
-        self, x: Tensor, edge_index: Tensor, return_attention_weights: bool = False
-    ) -> Union[Tensor, tuple[Tensor, tuple[Tensor, Tensor]]]:
-        num_nodes = x.size(-2)
-        h = self.project(x)  # [..., N, H, C]
-        score_src = (h * self.att_src).sum(-1)  # [..., N, H]
-        score_dst = (h * self.att_dst).sum(-1)
-        if self.add_self_loops:
-            edge_index, _ = remove_self_loops(edge_index)
-            edge_index, _ = add_self_loops(edge_index, num_nodes=num_nodes)
-        src, dst = edge_index
-        scores = F.leaky_relu(
-            score_src.index_select(-2, src) + score_dst.index_select(-2, dst), self.negative_slope
-        )  # [..., E, H]
-        attention = self.attention(scores, h, EdgeKeys(edge_index, num_nodes))
-        weights = F.dropout(attention, p=self.dropout, training=self.training)
-        if self.dropout_per_head:
-            h = F.dropout(h, p=self.dropout, training=self.training)
-        out = self.propagate(edge_index, x=h, weights=weights, size=(num_nodes, num_nodes))
-        out = (out.flatten(-2) if self.concat else out.mean(-2)) + self.bias
-        return (out, (edge_index, attention)) if return_attention_weights else out
+        self,
+        x: NodeInput,
+        edge_index: Adj,
+        edge_attr: Optional[Tensor] = None,
+        size: Optional[tuple[int, int]] = None,
+        return_attention_weights: Optional[bool] = None,
+    ):
+        return self.attend(x, edge_index, edge_attr, size, return_attention_weights)
 
-    def project(self, x: Tensor) -> Tensor:
-        """The heads' features ``W_h dropout(x)``, one shared input mask or one per head."""
-        if self.dropout_per_head and self.training and self.dropout > 0:
-            entries = self.input_entries(x)
-            return per_head_dropout_projection(x, self.lin.weight, self.heads, self.dropout, entries)
-        x = input_dropout(x, self.dropout, self.training)
-        return self.lin(x).unflatten(-1, (self.heads, self.out_channels))
+    def project(self, x: NodeInput) -> NodeFeatures:
+        """The heads' features ``W h`` serve as keys and values of the sources and as queries of
+        the targets; one projection serves both when the graph is not bipartite."""
+        if isinstance(x, Tensor):
+            if self.lin is not None:
+                h = self.project_with(self.lin, x, self.source_entries)
+                return NodeFeatures(h, h, h)
+            x = (x, x)
+        x_src, x_dst = x
+        lin_src = self.lin if self.lin is not None else self.lin_src
+        lin_dst = self.lin if self.lin is not None else self.lin_dst
+        h_src = self.project_with(lin_src, x_src, self.source_entries)
+        h_dst = None if x_dst is None else self.project_with(lin_dst, x_dst, self.target_entries)
+        return NodeFeatures(h_src, h_src, h_dst)
 
-    def message(self, x_j: Tensor, weights: Tensor) -> Tensor:
-        return x_j * weights.unsqueeze(-1)
+    def project_with(self, lin: Linear, x: Tensor, entries: SparseEntriesCache) -> Tensor:
+        """``W_h input_dropout(x)`` for every head h, one shared input mask or one per head."""
+        if self.dropout_per_head and self.training and self.input_dropout > 0:
+            if is_uninitialized_parameter(lin.weight):  # lazy in_channels: what its first call would do
+                lin.initialize_parameters(lin, (x,))
+            return per_head_dropout_projection(x, lin.weight, self.heads, self.input_dropout, entries(x))
+        x = input_dropout(x, self.input_dropout, self.training)
+        return lin(x).unflatten(-1, (self.heads, self.out_channels))
 
-    def __repr__(self) -> str:
-        return f"{self.__class__.__name__}({self.lin.in_channels}, {self.out_channels}, heads={self.heads}, {self.attention.config.variant})"
+    def score(self, nodes: NodeFeatures, edge_index: Tensor, edge_features: Optional[Tensor]) -> Tensor:
+        src, dst = edge_index  # a_src . W h_j per node first, then per edge: no [E, H, C] tensor
+        scores = (nodes.keys * self.att_src).sum(-1).index_select(-2, src)
+        if nodes.queries is not None:
+            scores = scores + (nodes.queries * self.att_dst).sum(-1).index_select(-2, dst)
+        if edge_features is not None:
+            scores = scores + (edge_features * self.att_edge).sum(-1)
+        return F.leaky_relu(scores, self.negative_slope)
+
+    def message_values(self, values: Tensor) -> Tensor:
+        return F.dropout(values, p=self.input_dropout, training=self.training) if self.dropout_per_head else values
+
+    def combine(self, out: Tensor, x_dst: Optional[Tensor]) -> Tensor:
+        if self.res is not None and x_dst is not None:
+            out = out + self.res(x_dst)
+        return out if self.bias is None else out + self.bias
 
 
 def input_dropout(x: Tensor, p: float, training: bool) -> Tensor:
@@ -223,9 +276,9 @@ class GAT(nn.Module):
         dropout_per_head: bool = True,
     ) -> None:
         super().__init__()
-        drop = dict(dropout=dropout, dropout_per_head=dropout_per_head)
-        self.conv1 = BayesianGATConv(in_channels, hidden, heads, config, concat=True, **drop)
-        self.conv2 = BayesianGATConv(hidden * heads, num_classes, out_heads, config, concat=False, **drop)
+        layer = dict(dropout=dropout, config=config, input_dropout=dropout, dropout_per_head=dropout_per_head)
+        self.conv1 = BayesianGATConv(in_channels, hidden, heads, concat=True, **layer)
+        self.conv2 = BayesianGATConv(hidden * heads, num_classes, out_heads, concat=False, **layer)
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
         return self.conv2(F.elu(self.conv1(x, edge_index)), edge_index)

@@ -331,7 +331,7 @@ def test_per_head_dropout_drops_messages_channel_by_channel_and_only_in_training
     outputs = {}
     for per_head in (False, True):
         torch.manual_seed(0)
-        layer = BayesianGATConv(1, 16, 1, BamConfig("soft"), dropout=0.5, dropout_per_head=per_head)
+        layer = BayesianGATConv(1, 16, dropout=0.5, input_dropout=0.5, dropout_per_head=per_head)
         nonzero = layer(x, edge_index).ne(0)  # the bias is zero at initialization
         outputs[per_head] = (nonzero.any(-1) & ~nonzero.all(-1)).float().mean().item()
         layer.eval()
@@ -350,7 +350,7 @@ def test_eval_mode_layer_is_pyg_gatconv_with_the_same_weights(variant, self_loop
 
     x, edge_index, _ = random_graph(num_nodes=30, num_edges=90, num_features=12)
     config = BamConfig(variant, k=1.0, beta=1e-10) if variant == "wc" else BamConfig(variant)  # Cora preset
-    ours = BayesianGATConv(12, 5, 3, config, add_self_loops=self_loops).eval()
+    ours = BayesianGATConv(12, 5, 3, add_self_loops=self_loops, config=config).eval()
     pyg = GATConv(12, 5, heads=3, add_self_loops=self_loops).eval()
     with torch.no_grad():
         ours.bias.normal_()  # zero at initialization: give it something to compare
