@@ -6,12 +6,14 @@ log-probabilities of the next token as the model predicts it (soft and BAM: with
 posterior-mean attention, which is soft attention; latent-alignment models: enumerating the
 alignment). Both functions run the model in eval mode and restore its mode afterwards.
 
-Beam search keeps ``beam_size`` hypotheses per sentence for all sentences of a batch at once. A
-hypothesis that emits EOS among the best ``beam_size`` candidates of a step is finished with the
+Beam search keeps ``beam_size`` open hypotheses per sentence for all sentences of a batch at once.
+A hypothesis that emits EOS among the best ``beam_size`` candidates of a step is finished with the
 score ``log p(y) / lp(|y|)``, ``lp(n) = ((5 + n) / 6) ** length_penalty`` (Wu et al. 2016;
-``|y|`` counts EOS); a sentence is done once it has ``beam_size`` finished hypotheses, and
-hypotheses still open at the length limit are finished there. The best finished score wins. With
-``beam_size=1`` this is exactly greedy decoding.
+``|y|`` counts EOS), and the best ``beam_size`` candidates that do not end stay open. A sentence is
+done once it has ``beam_size`` finished hypotheses none of which the best open one, scored at its
+current length, would beat; hypotheses still open at the length limit are finished there. The best
+finished score wins. With ``beam_size=1`` this is exactly greedy decoding: the hypothesis that stays
+open when EOS is the best candidate scores below it at the same length.
 """
 
 from __future__ import annotations
@@ -97,6 +99,15 @@ class Hypothesis(NamedTuple):
     score: float
 
 
+def _settled(finished: list[Hypothesis], k: int, open_best: float) -> bool:
+    """A sentence is done when its ``k`` best finished hypotheses all score at least as well as the
+    best open one would if it ended now (Hugging Face's rule): finished hypotheses that rank low
+    (an early EOS of a near-certain model) do not end the search while a better one is open."""
+    if len(finished) < k:
+        return False
+    return sorted(h.score for h in finished)[-k] >= open_best
+
+
 def beam_search(model: StepwiseTranslator, src: Tensor, src_mask: Tensor, bos: int, eos: int, beam_size: int = 10,
                 length_penalty: float = 1.0, max_length: Optional[int] = None) -> list[list[int]]:
     """The best hypothesis of a batched beam search (see module doc); each sentence's ids, no EOS."""
@@ -148,7 +159,8 @@ def beam_hypotheses(model: StepwiseTranslator, src: Tensor, src_mask: Tensor, bo
                                   token.unsqueeze(-1)], dim=-1)
             flat_origin = (origin + torch.arange(len(sentences), device=src.device).unsqueeze(-1) * k).flatten()
             state, tokens = state.select(flat_origin), token.flatten()
-            live = [b for b, sentence in enumerate(sentences) if len(finished[sentence]) < k]
+            open_best = (scores.max(-1).values / penalty).tolist()
+            live = [b for b, sentence in enumerate(sentences) if not _settled(finished[sentence], k, open_best[b])]
             if not live:
                 break
             if len(live) < len(sentences):

@@ -106,12 +106,14 @@ def toy_pairs(count: int, seed: int = 0) -> tuple[list[str], list[str]]:
     return source, target
 
 
-def write_corpus(root: Path, sizes: tuple[int, int, int] = (300, 40, 40)) -> Path:
-    """A data root holding ``multi30k/{train,val,test_2016_flickr}.{de,en}.gz`` of toy pairs."""
+def write_corpus(root: Path, sizes: tuple[int, int, int] = (300, 40, 40), copy: bool = False) -> Path:
+    """A data root holding ``multi30k/{train,val,test_2016_flickr}.{de,en}.gz`` of toy pairs
+    (``copy``: the English sentence on both sides, a task a small model learns in seconds)."""
     folder = root / "multi30k"
     folder.mkdir(parents=True, exist_ok=True)
     for seed, (stem, count) in enumerate(zip(("train", "val", "test_2016_flickr"), sizes)):
-        for lang, lines in zip(("de", "en"), toy_pairs(count, seed)):
+        source, target = toy_pairs(count, seed)
+        for lang, lines in zip(("de", "en"), (target if copy else source, target)):
             with gzip.open(folder / f"{stem}.{lang}.gz", "wt", encoding="utf-8") as handle:
                 handle.write("\n".join(lines) + "\n")
     return root
