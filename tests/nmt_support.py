@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import importlib
+import importlib.util
+import os
 import sys
 import types
 from pathlib import Path
@@ -75,15 +77,30 @@ def _standin_runner() -> types.ModuleType:
         raise NotImplementedError("the experiment runner is not merged into this checkout yet")
 
     module = types.ModuleType("experiments.runner")
+    module.STANDIN = True
     module.RunSettings, module.Task, module.RunContext, module.run_cli = RunSettings, Task, RunContext, run_cli
     return module
 
 
+def runner_is_missing() -> bool:
+    """True without the real runner (whether or not the stand-in is installed)."""
+    if "experiments.runner" in sys.modules:
+        return getattr(sys.modules["experiments.runner"], "STANDIN", False)
+    return importlib.util.find_spec("experiments.runner") is None
+
+
 def install_runner_standin() -> None:
-    try:
-        importlib.import_module("experiments.runner")
-    except ModuleNotFoundError:
+    if runner_is_missing() and "experiments.runner" not in sys.modules:
         sys.modules["experiments.runner"] = _standin_runner()
+
+
+def standin_for_child_processes(folder: Path, monkeypatch) -> None:
+    """Fresh processes (the benchmarks') install the stand-in too: a ``sitecustomize`` on their path."""
+    if not runner_is_missing():
+        return
+    (folder / "sitecustomize.py").write_text("import tests.nmt_support\n")
+    path = [str(folder), str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in path if p))
 
 
 install_runner_standin()
