@@ -170,3 +170,16 @@ def test_a_small_model_learns_to_reverse_sequences():
     outputs = greedy(model, test.src, test.src_mask, BOS, EOS)
     exact = np.mean([out == target.tolist() for out, target in zip(outputs, targets)])
     assert exact > 0.6
+
+
+def test_log_softmax_categorical_is_pyros_categorical():
+    from pyro.distributions import Categorical
+
+    from models.nmt import LogSoftmaxCategorical
+
+    logits, tokens = 5 * torch.randn(3, 4, 9), torch.randint(0, 9, (3, 4))
+    ours, pyros = LogSoftmaxCategorical(logits), Categorical(logits=logits)
+    assert torch.allclose(ours.log_prob(tokens), pyros.log_prob(tokens), atol=1e-6)
+    assert torch.allclose(ours.probs, pyros.probs, atol=1e-6)
+    wider = ours.expand((2, 3, 4))
+    assert isinstance(wider, LogSoftmaxCategorical) and wider.log_prob(tokens).shape == (2, 3, 4)

@@ -36,7 +36,7 @@ def _training_step(variant: str, preset: str, batch: int, length: int, vocab: in
 
     from bam_pyro.training import SVITrainer, seed_everything
     from experiments.multi30k import make_batch
-    from experiments.nmt import NmtSettings, build_trainable, presets
+    from experiments.nmt import NmtSettings, build_trainable, make_optimizer, presets
 
     settings = NmtSettings(variant=variant, preset=preset, **presets("multi30k", variant))
     generator = torch.Generator().manual_seed(0)
@@ -48,7 +48,7 @@ def _training_step(variant: str, preset: str, batch: int, length: int, vocab: in
     args, kwargs = make_batch([sentence() for _ in range(batch)], [sentence() for _ in range(batch)]).model_args
     seed_everything(0)
     trainable = build_trainable(settings, vocab)
-    optimizer = torch.optim.Adam(trainable.model.parameters(), lr=settings.lr)
+    optimizer = make_optimizer(settings, trainable.model)
     trainer = SVITrainer(trainable.model, trainable.guide, optimizer, elbo=trainable.elbo, grad_clip=settings.grad_clip)
     return lambda: trainer.step(*args, **kwargs)
 
