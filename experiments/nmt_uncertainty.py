@@ -68,13 +68,16 @@ def pieces(data: Multi30k, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
 
 
 def heatmap(mean: np.ndarray, spread: np.ndarray, prior: np.ndarray, source: list[str], target: list[str], path: Path) -> Path:
-    """Posterior mean, posterior sd and prior of one sentence's attention, side by side."""
+    """Posterior mean, posterior sd and prior mean of one sentence's attention, side by side (the
+    two means on one colour scale)."""
     rows, cols = len(target), len(source)
+    mean, spread, prior = mean[:rows, :cols], spread[:rows, :cols], prior[:rows, :cols]
+    top = max(mean.max(), prior.max())
     fig, axes = plt.subplots(1, 3, figsize=(3 * (0.35 * cols + 1.5), 0.35 * rows + 1.8), sharey=True)
-    panels = (("posterior mean", mean[:rows, :cols], "Blues"), ("posterior sd", spread[:rows, :cols], "Oranges"),
-              ("prior (contextual)", prior[:rows, :cols], "Greys"))
-    for ax, (title, values, cmap) in zip(axes, panels):
-        image = ax.imshow(values, cmap=cmap, vmin=0.0, aspect="auto")
+    panels = (("posterior mean", mean, "Blues", top), ("posterior sd", spread, "Oranges", spread.max()),
+              ("prior mean", prior, "Blues", top))
+    for ax, (title, values, cmap, vmax) in zip(axes, panels):
+        image = ax.imshow(values, cmap=cmap, vmin=0.0, vmax=vmax, aspect="auto")
         ax.set_xticks(range(cols), source, rotation=90, fontsize=7)
         ax.set_yticks(range(rows), target, fontsize=7)
         ax.set_title(title, fontsize=9)
