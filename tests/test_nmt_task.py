@@ -45,7 +45,9 @@ def test_presets_and_settings():
     assert nmt.presets("multi30k", "soft") == {}
     wc = settings("wc")
     assert wc.attention.variant == "wc" and wc.attention.k == 5.0 and wc.objective.anneal_rate == 1.0
-    assert wc.length_limit == nmt.MAX_LENGTH["tiny"] and settings(max_length=7).length_limit == 7
+    assert wc.length_limit == nmt.TRAINING_PRESETS["tiny"].max_length and settings(max_length=7).length_limit == 7
+    assert nmt.NmtSettings().learning_rate == 1e-3 and nmt.NmtSettings(preset="paper").learning_rate == 3e-4
+    assert settings(lr=0.5).learning_rate == 0.5
     assert set(nmt.TASK.variants) >= {"soft", "nokl", "lf", "lc", "wf", "wc"}
     assert nmt.TASK.metrics[0] == "test_bleu"
 
