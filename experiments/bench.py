@@ -3,6 +3,7 @@
     python -m experiments.bench gat [--nodes N --edges E]   training step: PyG GATConv vs soft vs BAM-WC
     python -m experiments.bench predictive                  posterior samples of a trained BAM-WC GAT
     python -m experiments.bench bert                        finetuning step: soft vs BAM-WC MiniLM
+    python -m experiments.bench nmt                         translation training step: soft vs BAM-WC LSTM
 
 Ratios compare against a baseline measured in the same run, on this machine.
 """
@@ -16,6 +17,7 @@ BENCHMARKS = {
     "gat": "experiments.benchmarks.gat",
     "predictive": "experiments.benchmarks.predictive",
     "bert": "experiments.benchmarks.bert",
+    "nmt": "experiments.benchmarks.nmt",
 }
 
 

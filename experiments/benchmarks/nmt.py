@@ -1,0 +1,113 @@
+"""Training step of the translation model: soft attention against BAM-WC (and any other variant).
+
+    python -m experiments.bench nmt [--preset cpu --batch 64 --length 16 --vocab 8000 --steps 10 --threads 1]
+
+Prints one JSON line: the median SVI step time of every variant in :data:`VARIANTS` (``soft_ms``,
+``bam_ms``, ...), its peak memory (``soft_peak_mb``, ...), and BAM-WC's ratios to soft
+(``time_ratio``, ``mem_ratio``). As in ``experiments.bench bert``, times come from one fresh process
+where the variants take their steps in turn (the same machine conditions for all), memory from one
+fresh process per variant that returns freed blocks to the OS (:mod:`experiments.benchmarks.process`):
+the peak resident set during setup and two steps, minus the resident set after the imports.
+
+The batch is random pieces, the same for every variant: ``batch`` sentence pairs whose source and
+target lengths are drawn from ``[3/4 length, length]`` (Multi30k's pieces average 15 per sentence,
+and training batches group similar lengths). Each variant is built and trained as the task trains
+it (:func:`experiments.nmt.build_trainable`, the task's presets), so a new variant is one line here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any, Callable, Optional
+
+from experiments.benchmarks.process import RETURN_FREED_BLOCKS, in_fresh_process, reset_peak, resident_mb
+from experiments.runs import whole_number
+
+#: JSON name -> task variant; ``soft`` is the baseline and ``bam`` the one the ratios compare
+VARIANTS = {"soft": "soft", "bam": "wc"}
+
+
+def _training_step(variant: str, preset: str, batch: int, length: int, vocab: int) -> Callable[[], float]:
+    """One SVI step of ``variant`` on a fixed random batch (seeded: the same batch for every variant)."""
+    import torch
+
+    from bam_pyro.training import SVITrainer, seed_everything
+    from experiments.multi30k import make_batch
+    from experiments.nmt import NmtSettings, build_trainable, make_optimizer, presets
+
+    settings = NmtSettings(variant=variant, preset=preset, **presets("multi30k", variant))
+    generator = torch.Generator().manual_seed(0)
+
+    def sentence():
+        size = int(torch.randint(max(1, 3 * length // 4), length + 1, (), generator=generator))
+        return torch.randint(4, vocab, (size,), generator=generator).numpy()
+
+    args, kwargs = make_batch([sentence() for _ in range(batch)], [sentence() for _ in range(batch)]).model_args
+    seed_everything(0)
+    trainable = build_trainable(settings, vocab)
+    optimizer = make_optimizer(settings, trainable.model)
+    trainer = SVITrainer(trainable.model, trainable.guide, optimizer, elbo=trainable.elbo, grad_clip=settings.grad_clip)
+    return lambda: trainer.step(*args, **kwargs)
+
+
+def measure_time(variants: list[str], preset: str, batch: int, length: int, vocab: int, steps: int, warmup: int,
+                 threads: int) -> dict[str, float]:
+    """Median step time (ms) of each variant over ``steps`` steps after ``warmup``, taken in turn."""
+    import torch
+
+    torch.set_num_threads(threads)
+    step_of = {variant: _training_step(variant, preset, batch, length, vocab) for variant in variants}
+    times: dict[str, list[float]] = {variant: [] for variant in variants}
+    for step in range(warmup + steps):
+        for variant, training_step in step_of.items():
+            start = time.perf_counter()
+            training_step()
+            if step >= warmup:
+                times[variant].append(1000 * (time.perf_counter() - start))
+    return {variant: statistics.median(t) for variant, t in times.items()}
+
+
+def measure_memory(variant: str, preset: str, batch: int, length: int, vocab: int, threads: int) -> float:
+    """Peak memory (MB) of setting up ``variant`` and taking two steps, above the imports."""
+    import torch
+
+    import experiments.nmt  # noqa: F401  (imports are not the step's memory)
+
+    torch.set_num_threads(threads)
+    base = resident_mb()
+    reset_peak()
+    training_step = _training_step(variant, preset, batch, length, vocab)
+    for _ in range(2):
+        training_step()
+    return resident_mb("VmHWM") - base
+
+
+def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(prog="python -m experiments.bench nmt", description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="cpu", help="network sizes (models.nmt.PRESETS)")
+    p.add_argument("--batch", type=whole_number(1), default=64)
+    p.add_argument("--length", type=whole_number(1), default=16, help="longest sentence of the batch, in pieces")
+    p.add_argument("--vocab", type=whole_number(5), default=8000)
+    p.add_argument("--steps", type=whole_number(1), default=10)
+    p.add_argument("--warmup", type=whole_number(0), default=2)
+    p.add_argument("--threads", type=whole_number(1), default=1, help="torch threads per process")
+    args = p.parse_args(argv)
+    shape = (args.preset, args.batch, args.length, args.vocab)
+    ms = in_fresh_process(measure_time, ([*VARIANTS.values()], *shape, args.steps, args.warmup, args.threads))
+    peak = {name: in_fresh_process(measure_memory, (variant, *shape, args.threads), RETURN_FREED_BLOCKS)
+            for name, variant in VARIANTS.items()}
+    result: dict[str, Any] = {"preset": args.preset, "batch": args.batch, "length": args.length, "vocab": args.vocab,
+                              "threads": args.threads}
+    result.update({f"{name}_ms": round(ms[variant], 1) for name, variant in VARIANTS.items()})
+    result.update({f"{name}_peak_mb": round(peak[name], 1) for name in VARIANTS})
+    result["time_ratio"] = round(ms[VARIANTS["bam"]] / ms[VARIANTS["soft"]], 3)
+    result["mem_ratio"] = round(peak["bam"] / peak["soft"], 3)
+    print(json.dumps(result), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""The posterior of a translation model's attention for a few sentences: a figure and ArviZ diagnostics.
+
+Draws come from ``pyro.infer.Predictive`` over the model and its attention guide
+(:func:`bam_pyro.predictive.predictive_draws`), vectorized over draws: the attention of all target
+steps is one sample site after the recurrent loop, so a chunk of draws is one pass through that
+call and the output layer. Each draw is teacher forced on the reference translation, so it is the
+attention posterior given the source and the target prefix of every step.
+
+Written into ``folder``:
+
+- ``attention_sentence<i>.png``: for one sentence, the posterior mean of the weights (target
+  piece x source piece), their posterior standard deviation, and the prior's attention (the
+  contextual prior's Psi, the same for every target step): how the data move each step's attention
+  away from a per-key prior (the paper's Figure 1, for translation);
+- ``attention_summary.csv``: ``az.summary`` of every valid entry of the chosen sentences (mean, sd,
+  HDI, ESS, R-hat) over independent chains of draws (:mod:`analysis.diagnostics`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from analysis.diagnostics import attention_inference_data, attention_summary
+from analysis.plots import plt, save_figure
+from bam_pyro import BamModel
+from bam_pyro.predictive import predictive_draws
+from experiments.multi30k import Multi30k, ParallelBatch
+
+#: validation sentences whose attention is drawn (the first ones of the file)
+SENTENCES = (0, 1, 2)
+CHAINS = 2
+
+
+def reference_probability(batch: ParallelBatch):
+    """``probs_fn`` of the draws: per target step, (p(reference piece), 1 - p), a 2-class
+    distribution, which keeps each draw's record small (the full vocabulary would be 8k classes)."""
+
+    def probs(logits: torch.Tensor) -> torch.Tensor:
+        log_p = logits.log_softmax(-1)
+        target = batch.tgt_out.expand(*log_p.shape[:-1]).unsqueeze(-1)
+        p = log_p.gather(-1, target).squeeze(-1).exp()
+        return torch.stack([p, 1 - p], dim=-1).flatten(-3, -2)
+
+    return probs
+
+
+def attention_draws(model: BamModel, batch: ParallelBatch, draws: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Posterior attention ``[draws, B, T, S]`` and the prior's attention ``[B, T, S]`` (NaN at
+    padded entries), with their own RNG stream (the caller's is left as it was)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        result = predictive_draws(model, batch.inputs, draws, layers=["attention"], with_prior=True,
+                                  probs_fn=reference_probability(batch), chunk_size=min(draws, 50))
+    valid = (batch.tgt_mask[:, :, None] & batch.src_mask[:, None, :]).numpy()
+    posterior = result.attention["attention"].squeeze(-3).numpy()
+    location = result.prior_location["attention"][0].squeeze(-3).numpy()
+    location = np.where(batch.src_mask[:, None, :].numpy(), location, 0.0)
+    prior = location / location.sum(-1, keepdims=True)  # the prior's mean, normalized over each step's keys
+    return np.where(valid, posterior, np.nan), np.where(valid, prior, np.nan)
+
+
+def pieces(data: Multi30k, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    return [data.bpe.id_to_piece(int(i)) for i in ids[mask]]
+
+
+def heatmap(mean: np.ndarray, spread: np.ndarray, prior: np.ndarray, source: list[str], target: list[str], path: Path) -> Path:
+    """Posterior mean, posterior sd and prior mean of one sentence's attention, side by side (the
+    two means on one colour scale)."""
+    rows, cols = len(target), len(source)
+    mean, spread, prior = mean[:rows, :cols], spread[:rows, :cols], prior[:rows, :cols]
+    top = max(mean.max(), prior.max())
+    fig, axes = plt.subplots(1, 3, figsize=(3 * (0.35 * cols + 1.5), 0.35 * rows + 1.8), sharey=True)
+    panels = (("posterior mean", mean, "Blues", top), ("posterior sd", spread, "Oranges", spread.max()),
+              ("prior mean", prior, "Blues", top))
+    for ax, (title, values, cmap, vmax) in zip(axes, panels):
+        image = ax.imshow(values, cmap=cmap, vmin=0.0, vmax=vmax, aspect="auto")
+        ax.set_xticks(range(cols), source, rotation=90, fontsize=7)
+        ax.set_yticks(range(rows), target, fontsize=7)
+        ax.set_title(title, fontsize=9)
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02)
+    axes[0].set_ylabel("target piece (predicted at this step)")
+    return save_figure(fig, path)
+
+
+def attention_uncertainty(model: BamModel, data: Multi30k, folder: Path, draws: int = 100, seed: int = 0,
+                          sentences: Sequence[int] = SENTENCES, chains: int = CHAINS) -> dict[str, Path]:
+    """Draw the attention posterior of validation ``sentences`` and write the figure of the first
+    and the summary of all (see module doc). Returns the written paths."""
+    batch = data.val.batch(list(sentences))
+    runs = [attention_draws(model, batch, draws, seed=1000 * seed + chain) for chain in range(chains)]
+    prior = runs[0][1]
+    folder = Path(folder)
+    written = {}
+    source, target = pieces(data, batch.src[0], batch.src_mask[0]), pieces(data, batch.tgt_out[0], batch.tgt_mask[0])
+    first = np.concatenate([w[:, 0, : len(target), : len(source)] for w, _ in runs])  # the first sentence's entries
+    written["figure"] = heatmap(first.mean(0), first.std(0), prior[0], source, target,
+                                folder / f"attention_sentence{sentences[0]}.png")
+    queries = [f"{s}:{j}" for s in sentences for j in range(batch.tgt_in.size(1))]
+    as_maps = lambda a: {"attention": a.reshape(a.shape[0], 1, -1, a.shape[-1])}  # noqa: E731  [draw, head, query, key]
+    idata = attention_inference_data([as_maps(w) for w, _ in runs], queries=queries,
+                                     prior_chains=[as_maps(np.broadcast_to(p, w.shape)) for w, p in runs])
+    summary = attention_summary(idata)
+    written["summary"] = folder / "attention_summary.csv"
+    summary.to_csv(written["summary"])
+    return written

@@ -1,0 +1,142 @@
+"""The translation task on the runner's interface: settings, one run end to end, exact resume."""
+
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import torch
+
+from tests.nmt_support import write_corpus  # noqa: I001  (installs the runner stand-in first)
+from bam_pyro.training import SVITrainer
+from experiments import nmt
+from experiments.multi30k import EOS
+from models.nmt import DecoderOutputs, DecoderState, Memory
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def toy_root(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("data"), sizes=(300, 16, 16))
+
+
+@pytest.fixture(autouse=True)
+def _user_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def settings(variant="wc", **changes):
+    quick = dict(preset="tiny", bpe_size=120, batch_size=32, max_epochs=2, beam_size=2, eval_batch_size=16,
+                 uncertainty_draws=0)
+    return nmt.NmtSettings(variant=variant, **nmt.presets("multi30k", variant), **{**quick, **changes})
+
+
+def context(folder):
+    """The stand-in of the runner's RunContext (see prompts/runner_api.md)."""
+    return SimpleNamespace(trainer=lambda m, g, o, **kw: SVITrainer(m, g, o, checkpoint=folder / "run.pt", **kw),
+                           folder=folder, progress=False, description="test")
+
+
+def test_presets_and_settings():
+    assert nmt.presets("multi30k", "wc") == {"k": 5.0, "beta": 1e-6, "anneal_rate": 1.0, "d_mid": 5}  # paper, B.4
+    assert nmt.presets("multi30k", "soft") == {}
+    wc = settings("wc")
+    assert wc.attention.variant == "wc" and wc.attention.k == 5.0 and wc.objective.anneal_rate == 1.0
+    assert wc.length_limit == nmt.TRAINING_PRESETS["tiny"].max_length and settings(max_length=7).length_limit == 7
+    assert nmt.NmtSettings().learning_rate == 1e-3 and nmt.NmtSettings(preset="paper").learning_rate == 3e-4
+    assert settings(lr=0.5).learning_rate == 0.5
+    assert set(nmt.TASK.variants) >= {"soft", "nokl", "lf", "lc", "wf", "wc"}
+    assert nmt.TASK.metrics[0] == "test_bleu"
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"variant": "hard"}, "unknown translation variant 'hard'"),
+    ({"preset": "gpu"}, "preset must be one of"),
+    ({"batch_size": 0}, "batch_size must be a positive integer"),
+    ({"max_length": -3}, "max_length must be a positive integer"),
+    ({"lr": 0.0}, "lr must be > 0"),
+    ({"length_penalty": -1.0}, "length_penalty must be >= 0"),
+    ({"uncertainty_draws": 1}, "uncertainty_draws must be 0"),
+    ({"dataset": "wmt"}, "dataset must be 'multi30k'"),
+])
+def test_bad_settings_are_named(changes, message):
+    with pytest.raises(ValueError, match=message):
+        nmt.NmtSettings(**changes)
+
+
+def test_missing_corpus_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"Multi30k train: missing train\.de\.gz, train\.en\.gz"):
+        nmt.load_data(settings(), str(tmp_path))
+
+
+class SourceCopier(torch.nn.Module):
+    """A stand-in translator that outputs its source piece by piece, then EOS (its decoder state is
+    the position)."""
+
+    @property
+    def network(self):
+        return self
+
+    def encode(self, src, src_mask):
+        return Memory(src[..., None].float(), src[..., None].float(), src_mask)
+
+    def initial_state(self, memory):
+        position = torch.zeros(memory.mask.size(0), dtype=torch.long)
+        return DecoderState((position,), (position,), position[:, None].float())
+
+    def step(self, memory, state, tokens):
+        position = state.hidden[0]
+        return DecoderOutputs(position, memory.mask.float(), state.feed), DecoderState((position + 1,), state.cell, state.feed)
+
+    def next_token_log_probs(self, memory, outputs):
+        position = outputs.states
+        within = position < memory.mask.sum(-1)
+        ids = memory.states[torch.arange(position.size(0)), position.clamp(max=memory.mask.size(1) - 1), 0].long()
+        ids = torch.where(within, ids, torch.full_like(ids, EOS))
+        return torch.full((ids.size(0), 200), -1e9).scatter(-1, ids[:, None], 0.0)
+
+
+def test_translations_are_detokenized_in_file_order_and_scored_against_raw_references(tmp_path):
+    """On a corpus whose sources are their references, copying the source is a perfect translation."""
+    root = write_corpus(tmp_path / "copy", sizes=(300, 30, 30), copy=True)
+    data = nmt.load_data(settings(), str(root))
+    for split in (data.val, data.test):
+        translations = nmt.translate(SourceCopier(), data, split, beam_size=3, length_penalty=1.0, batch_size=7)
+        assert translations == split.references
+        assert nmt.bleu(translations, split.references) == pytest.approx(100.0)
+
+
+def test_a_run_reports_its_metrics_and_writes_the_attention_posterior(toy_root, tmp_path):
+    run = settings("wc", lr=1e-2, uncertainty_draws=20, max_train=128)
+    data = nmt.load_data(run, str(toy_root))
+    metrics = nmt.train_run(run, data, context(tmp_path))
+    assert set(metrics) >= {"test_bleu", "test_ppl", "val_bleu", "val_ppl", "seconds_per_step", "parameters"}
+    assert metrics["epochs"] == 2 and metrics["val_ppl"] < data.vocab_size / 2  # better than uniform
+    assert metrics["parameters"] == sum(p.numel() for p in nmt.build_trainable(run, data.vocab_size).model.parameters())
+    assert 0 < metrics["seconds_per_step"] < 5 and 0 <= metrics["test_bleu"] <= 100
+    assert (tmp_path / "attention_sentence0.png").stat().st_size > 10_000
+    summary = pd.read_csv(tmp_path / "attention_summary.csv")
+    assert {"mean", "sd", "hdi_3%", "hdi_97%", "ess_bulk", "r_hat"} <= set(summary.columns)
+    # independent draws: R-hat near 1 and ESS near the number of draws (2 chains of 20)
+    assert len(summary) > 0 and abs(summary["r_hat"].median() - 1) < 0.05 and summary["ess_bulk"].median() > 20
+    soft = settings("soft", max_epochs=1, uncertainty_draws=20, max_train=32)
+    nmt.train_run(soft, data, context(tmp_path / "soft"))
+    assert not (tmp_path / "soft" / "attention_summary.csv").exists()  # soft attention has no posterior
+
+
+def test_resume_is_exact(toy_root, tmp_path):
+    """Two epochs straight and one epoch then a resumed second give the same parameters and scores."""
+    data = nmt.load_data(settings(max_train=96), str(toy_root))
+    straight = nmt.train_run(settings(max_epochs=2), data, context(tmp_path / "straight"))
+    nmt.train_run(settings(max_epochs=1), data, context(tmp_path / "resumed"))
+    resumed = nmt.train_run(settings(max_epochs=2), data, context(tmp_path / "resumed"))
+    first = torch.load(tmp_path / "straight" / "run.pt", weights_only=False)
+    second = torch.load(tmp_path / "resumed" / "run.pt", weights_only=False)
+    assert first["epoch"] == second["epoch"] == 2
+    for name, value in first["model"].items():
+        assert torch.equal(value, second["model"][name]), name
+    for name in ("test_bleu", "test_ppl", "val_bleu", "val_ppl", "epochs"):
+        assert straight[name] == resumed[name], name
