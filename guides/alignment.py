@@ -29,17 +29,24 @@ class InferenceNetwork(nn.Module):
     """Scores ``[B, T, S]`` of q(z_j = i | x, y) from the source and the whole target (see module doc).
 
     ``source_embedding``, ``target_embedding``: shared with the translation network.
-    ``hidden``: units per direction of each bidirectional LSTM. Padded sources are not masked here.
+    ``hidden``: units per direction of each bidirectional LSTM; ``layers``: of each (the paper: 2).
+    ``dropout``: on the embeddings, between layers and on the states. Padded sources are not masked here.
     """
 
     def __init__(self, source_embedding: nn.Embedding, target_embedding: nn.Embedding, hidden: int,
-                 dropout: float = 0.0) -> None:
+                 layers: int = 1, dropout: float = 0.0) -> None:
         super().__init__()
-        if not isinstance(hidden, int) or hidden < 1:
-            raise ValueError(f"hidden must be a positive integer, got {hidden!r}")
+        for name, value in (("hidden", hidden), ("layers", layers)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
         self.source_embedding, self.target_embedding = source_embedding, target_embedding
-        self.source_rnn = nn.LSTM(source_embedding.embedding_dim, hidden, batch_first=True, bidirectional=True)
-        self.target_rnn = nn.LSTM(target_embedding.embedding_dim, hidden, batch_first=True, bidirectional=True)
+        inner_dropout = dropout if layers > 1 else 0.0
+        self.source_rnn = nn.LSTM(source_embedding.embedding_dim, hidden, layers, batch_first=True,
+                                  bidirectional=True, dropout=inner_dropout)
+        self.target_rnn = nn.LSTM(target_embedding.embedding_dim, hidden, layers, batch_first=True,
+                                  bidirectional=True, dropout=inner_dropout)
         self.bilinear = nn.Linear(2 * hidden, 2 * hidden, bias=False)
         self.dropout = nn.Dropout(dropout)
 

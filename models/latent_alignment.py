@@ -133,6 +133,15 @@ VARIANTS: dict[str, VariantSpec] = {
 }
 
 
+def is_positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def check_top_k(value: Optional[int]) -> None:
+    if value is not None and not is_positive_int(value):
+        raise ValueError(f"top_k must be None or a positive integer, got {value!r}")
+
+
 def variant_spec(variant: str) -> VariantSpec:
     """The spec of a variant name, or an error naming the known ones."""
     if variant not in VARIANTS:
@@ -159,11 +168,9 @@ class AlignmentConfig:
     def __post_init__(self) -> None:
         variant_spec(self.variant)
         for name in ("relaxed_samples", "max_logit_elements"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 1):
-            raise ValueError(f"top_k must be None or a positive integer, got {self.top_k!r}")
+            if not is_positive_int(getattr(self, name)):
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        check_top_k(self.top_k)
 
     @property
     def spec(self) -> VariantSpec:
@@ -205,7 +212,7 @@ class LatentAlignmentModel(BamModel):
               tgt_out: Optional[Tensor] = None) -> Tensor:
         memory = self.network.encode(src, src_mask)
         steps = self.network.decoder_states(memory, tgt_in)
-        logits = masked_scores(steps.scores, memory.mask.unsqueeze(-2))
+        alignment_logits = masked_scores(steps.scores, memory.mask.unsqueeze(-2))
         kl_scale = self.kl_scale() if self.spec.has_kl else 1.0
         with self.target_plates(tgt_mask):
             if self.spec.relaxed:
@@ -215,13 +222,13 @@ class LatentAlignmentModel(BamModel):
                 token_logits = self.network.generate(steps.states, torch.matmul(weights, memory.states))
                 return pyro.sample(TOKENS, dist.Categorical(logits=token_logits), obs=tgt_out)
             with poutine.scale(scale=kl_scale):
-                alignment = pyro.sample(ALIGNMENT, dist.Categorical(logits=logits),
+                alignment = pyro.sample(ALIGNMENT, dist.Categorical(logits=alignment_logits),
                                         infer={"enumerate": "parallel"} if self.spec.enumerate else {})
             tokens = TokensGivenAlignment(self.network.generate, steps.states, memory.states, alignment,
                                           self.network.vocab_size, self.config.max_logit_elements)
-            infer = {}
+            infer: dict = {}
             if self.spec.needs_baseline and tgt_out is not None:
-                baseline = self.soft_log_likelihood(steps.states, logits, memory.states, tgt_out)
+                baseline = self.soft_log_likelihood(steps.states, alignment_logits, memory.states, tgt_out)
                 infer["baseline"] = {"baseline_value": baseline}
             return pyro.sample(TOKENS, tokens, obs=tgt_out, infer=infer)
 
@@ -251,7 +258,7 @@ class LatentAlignmentModel(BamModel):
 
     @top_k.setter
     def top_k(self, value: Optional[int]) -> None:
-        AlignmentConfig(self.config.variant, top_k=value)  # validates
+        check_top_k(value)
         self._top_k = value
 
     def log_probs(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, tgt_mask: Tensor) -> Tensor:
@@ -272,24 +279,28 @@ class LatentAlignmentModel(BamModel):
         one_step = steps.states.dim() == 2
         states = steps.states.unsqueeze(1) if one_step else steps.states
         scores = steps.scores.unsqueeze(1) if one_step else steps.scores
+        log_weights, contexts_of = self._candidates(scores, memory)
+        log_probs = mixture_log_probs(self.network.generate, states, log_weights, contexts_of,
+                                      self.network.vocab_size, self.config.max_logit_elements)
+        return log_probs.squeeze(1) if one_step else log_probs
+
+    def _candidates(self, scores: Tensor, memory: EncodedSource) -> tuple[Tensor, Callable[[int, int], Tensor]]:
+        """The alignments prediction averages over: log-weights ``[B, T, C]`` and, for candidates
+        ``a..b-1``, their contexts (broadcastable to ``[B, T, b-a, E]``)."""
         source, mask = memory.states, memory.mask.unsqueeze(-2)
         if self.spec.relaxed:
             draws = MaskedDirichlet(dirichlet_concentration(scores), mask).sample((self.config.relaxed_samples,))
             draws = draws.movedim(0, -2)  # [B, T, M, S]
-            log_weights = torch.full(draws.shape[:-1], -math.log(draws.size(-2)), device=draws.device)
-            contexts_of = lambda a, b: torch.matmul(draws[..., a:b, :], source.unsqueeze(1))  # noqa: E731
-        else:
-            log_prior = masked_scores(scores, mask).log_softmax(-1)
-            if self.top_k is None:
-                log_weights = log_prior
-                contexts_of = lambda a, b: source[:, None, a:b]  # noqa: E731
-            else:
-                top, index = log_prior.topk(min(self.top_k, log_prior.size(-1)), dim=-1)
-                log_weights = top.log_softmax(-1)
-                contexts_of = lambda a, b: aligned_candidates(source, index[..., a:b])  # noqa: E731
-        log_probs = mixture_log_probs(self.network.generate, states, log_weights, contexts_of,
-                                      self.network.vocab_size, self.config.max_logit_elements)
-        return log_probs.squeeze(1) if one_step else log_probs
+
+            def mixed(a: int, b: int) -> Tensor:
+                return torch.matmul(draws[..., a:b, :], source.unsqueeze(1))
+
+            return torch.full(draws.shape[:-1], -math.log(draws.size(-2)), device=draws.device), mixed
+        log_prior = masked_scores(scores, mask).log_softmax(-1)
+        if self.top_k is None:
+            return log_prior, lambda a, b: source[:, None, a:b]
+        top, index = log_prior.topk(min(self.top_k, log_prior.size(-1)), dim=-1)
+        return top.log_softmax(-1), lambda a, b: aligned_candidates(source, index[..., a:b])
 
 
 def aligned_candidates(memory: Tensor, index: Tensor) -> Tensor:
@@ -335,8 +346,14 @@ def teacher_forced_perplexity(model: nn.Module, batches: Iterable[tuple[Tensor, 
     return math.exp(-total / count)
 
 
-def elbo_for(variant: str) -> object:
-    """The loss of a variant (an object with ``differentiable_loss(model, guide, *args, **kwargs)``)."""
+class DifferentiableLoss(Protocol):
+    """What a trainer needs of a loss (Pyro's ELBOs and :class:`AlignmentELBO`)."""
+
+    def differentiable_loss(self, model: Callable, guide: Callable, *args, **kwargs) -> Tensor: ...
+
+
+def elbo_for(variant: str) -> DifferentiableLoss:
+    """The loss of a variant (see the module doc's table)."""
     spec = variant_spec(variant)
     if spec.relaxed:
         return TraceMeanField_ELBO(max_plate_nesting=MAX_PLATE_NESTING)

@@ -17,7 +17,7 @@ import pyro.distributions as dist
 import pytest
 import torch
 from pyro import poutine
-from pyro.infer import TraceEnum_ELBO, TraceMeanField_ELBO
+from pyro.infer import Predictive, TraceEnum_ELBO
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
@@ -104,7 +104,7 @@ def build(variant: str, vocab: int = 9, objective: ObjectiveConfig = ObjectiveCo
     network = TinySeq2Seq(vocab, padding_noise=padding_noise)
     inference = None
     if VARIANTS[variant].guide == "inference":
-        inference = InferenceNetwork(network.source_embedding, network.target_embedding, hidden=10)
+        inference = InferenceNetwork(network.source_embedding, network.target_embedding, hidden=10, layers=2)
     return LatentAlignmentModel(network, objective, AlignmentConfig(variant, **config), inference)
 
 
@@ -362,6 +362,25 @@ def test_padded_sources_get_zero_probability_and_no_influence(variant):
         assert torch.all((q.mean if VARIANTS[variant].relaxed else q.probs)[padded] == 0)
 
 
+@pytest.mark.parametrize("variant", ["va-sample", "va-relaxed"])
+def test_predictive_draws_posterior_alignments_and_prior_targets(variant):
+    """``Predictive`` over model and guide, vectorized over draws: alignments from q on the valid
+    sources only; the model alone samples target tokens (its prior predictive)."""
+    model = build(variant)
+    src, src_mask, tgt_in, tgt_mask, tgt_out = batch = toy_batch()
+    draws = Predictive(model.model, guide=guide_for(model), num_samples=3, parallel=True,
+                       return_sites=[ALIGNMENT])(*batch)[ALIGNMENT]
+    lengths = src_mask.sum(-1)[None, :, None]
+    if VARIANTS[variant].relaxed:
+        assert draws.shape == (3, *tgt_mask.shape, src.size(1))
+        torch.testing.assert_close(draws.sum(-1), torch.ones(draws.shape[:-1]))
+        assert torch.all(draws[(torch.arange(src.size(1)) >= lengths[..., None]).expand_as(draws)] == 0)
+    else:
+        assert draws.shape == (3, *tgt_mask.shape) and torch.all(draws < lengths)
+    targets = Predictive(model.model, num_samples=2, return_sites=["y"])(src, src_mask, tgt_in, tgt_mask)["y"]
+    assert targets.shape == (2, *tgt_mask.shape) and targets.min() >= 0 and targets.max() < model.network.vocab_size
+
+
 # --- prediction ---------------------------------------------------------------------------------
 
 
@@ -446,6 +465,8 @@ def test_bad_input_errors_clearly():
     network = TinySeq2Seq(9)
     with pytest.raises(ValueError, match="needs an inference network"):
         LatentAlignmentModel(network, ObjectiveConfig(), AlignmentConfig("va-sample"))
+    with pytest.raises(ValueError, match="layers must be a positive integer"):
+        InferenceNetwork(network.source_embedding, network.target_embedding, 4, layers=0)
     with pytest.raises(ValueError, match="has no inference network"):
         LatentAlignmentModel(network, ObjectiveConfig(), AlignmentConfig("hard"),
                              InferenceNetwork(network.source_embedding, network.target_embedding, 4))
