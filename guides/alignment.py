@@ -1,0 +1,110 @@
+"""Guides of the latent-alignment models (:mod:`models.latent_alignment`).
+
+- ``exact``: :func:`no_guide`, the alignment is summed out in the model.
+- ``hard``, ``hard-enum``: :class:`PriorGuide`, q(z_j) = p(z_j | x, y_<j), the model's own attention,
+  drawn in the model's own forward pass (a ``GuideMessenger``: the network runs once per step).
+- ``va-*``: :class:`VariationalAlignmentGuide`, q(z_j | x, y) from an :class:`InferenceNetwork` that
+  reads the source and the *whole* target (Deng et al. 2018, section 4): a bidirectional LSTM over
+  each, and bilinear scores ``s_ji = g_j^T U f_i`` between target state g_j and source state f_i.
+  Categorical: ``q(z_j = i) = softmax_i(s_ji)``; relaxed: ``Dirichlet(exp(s_j))``. The word embeddings
+  are the translation network's (shared, as in the paper); everything else is the guide's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import pyro
+import pyro.distributions as dist
+from pyro import poutine
+from pyro.poutine.guide import GuideMessenger
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from models.alignment_distributions import MaskedDirichlet, dirichlet_concentration
+from models.latent_alignment import ALIGNMENT, LatentAlignmentModel, masked_scores
+
+
+class InferenceNetwork(nn.Module):
+    """Scores ``[B, T, S]`` of q(z_j = i | x, y) from the source and the whole target (see module doc).
+
+    ``source_embedding``, ``target_embedding``: shared with the translation network.
+    ``hidden``: units per direction of each bidirectional LSTM; ``layers``: of each (the paper: 2).
+    ``dropout``: on the embeddings, between layers and on the states. Padded sources are not masked here.
+    """
+
+    def __init__(self, source_embedding: nn.Embedding, target_embedding: nn.Embedding, hidden: int,
+                 layers: int = 1, dropout: float = 0.0) -> None:
+        super().__init__()
+        for name, value in (("hidden", hidden), ("layers", layers)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        self.source_embedding, self.target_embedding = source_embedding, target_embedding
+        inner_dropout = dropout if layers > 1 else 0.0
+        self.source_rnn = nn.LSTM(source_embedding.embedding_dim, hidden, layers, batch_first=True,
+                                  bidirectional=True, dropout=inner_dropout)
+        self.target_rnn = nn.LSTM(target_embedding.embedding_dim, hidden, layers, batch_first=True,
+                                  bidirectional=True, dropout=inner_dropout)
+        self.bilinear = nn.Linear(2 * hidden, 2 * hidden, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, src: Tensor, src_mask: Tensor, tgt_out: Tensor, tgt_mask: Tensor) -> Tensor:
+        source = self._read(self.source_rnn, self.source_embedding(src), src_mask)
+        target = self._read(self.target_rnn, self.target_embedding(tgt_out), tgt_mask)
+        return self.bilinear(target) @ source.transpose(-1, -2)
+
+    def _read(self, rnn: nn.LSTM, embedded: Tensor, mask: Tensor) -> Tensor:
+        lengths = mask.sum(-1).clamp_min(1).cpu()  # an all-padding row is masked out downstream
+        packed = pack_padded_sequence(self.dropout(embedded), lengths, batch_first=True, enforce_sorted=False)
+        states, _ = pad_packed_sequence(rnn(packed)[0], batch_first=True, total_length=embedded.size(1))
+        return self.dropout(states)
+
+
+def no_guide(*args: Any, **kwargs: Any) -> None:
+    """The guide of ``exact``: no latent site (``TraceEnum_ELBO`` sums the alignment out in the model)."""
+
+
+class PriorGuide(GuideMessenger):
+    """q(z | x, y) = p(z | x, y_<j): every latent site drawn from the model's own distribution, in the
+    model's forward pass (hard attention; with the site enumerated, its exact expectation)."""
+
+    def get_posterior(self, name: str, prior: dist.TorchDistribution) -> dist.TorchDistribution:
+        return prior
+
+
+class VariationalAlignmentGuide:
+    """q(z_j | x, y) from ``model.inference`` at the model's alignment site, in the model's plates with
+    the model's KL weight; enumerated (``va-enum``), sampled (``va-sample``) or Dirichlet (``va-relaxed``)."""
+
+    def __init__(self, model: LatentAlignmentModel) -> None:
+        if model.inference is None:
+            raise ValueError(f"variant {model.config.variant!r} has no inference network")
+        self.model = model
+
+    def __call__(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, tgt_mask: Tensor,
+                 tgt_out: Optional[Tensor] = None) -> Tensor:
+        if tgt_out is None:
+            raise ValueError("the variational guide reads the target: pass tgt_out")
+        model = self.model
+        scores = model.inference(src, src_mask, tgt_out, tgt_mask)
+        source_mask = src_mask.unsqueeze(-2)
+        if model.spec.relaxed:
+            q = MaskedDirichlet(dirichlet_concentration(scores), source_mask)
+            infer: dict = {}
+        else:
+            q = dist.Categorical(logits=masked_scores(scores, source_mask))
+            infer = {"enumerate": "parallel"} if model.spec.enumerate else {}
+        with model.target_plates(tgt_mask), poutine.scale(scale=model.kl_scale()):
+            return pyro.sample(ALIGNMENT, q, infer=infer)
+
+
+def guide_for(model: LatentAlignmentModel) -> Callable:
+    """The guide of the model's variant (see module doc)."""
+    kind = model.spec.guide
+    if kind == "none":
+        return no_guide
+    if kind == "prior":
+        return PriorGuide(model.model)
+    return VariationalAlignmentGuide(model)
