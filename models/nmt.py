@@ -154,7 +154,7 @@ class Seq2Seq(nn.Module):
 
     def __init__(self, vocab_size: int, sizes: NetworkSizes, attention: BamConfig) -> None:
         super().__init__()
-        self.sizes = sizes
+        self.sizes, self.vocab_size = sizes, vocab_size
         memory_size = 2 * sizes.encoder
         inner_dropout = sizes.dropout if sizes.layers > 1 else 0.0
         self.source_embedding = nn.Embedding(vocab_size, sizes.embedding)

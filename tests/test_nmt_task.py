@@ -1,14 +1,14 @@
-"""The translation task on the runner's interface: settings, one run end to end, exact resume."""
+"""The translation task on the runner: settings, one run end to end, exact resume, every variant."""
 
-from types import SimpleNamespace
+import math
 
 import pandas as pd
 import pytest
 import torch
 
-from tests.nmt_support import write_corpus  # noqa: I001  (installs the runner stand-in first)
-from bam_pyro.training import SVITrainer
 from experiments import nmt
+from experiments.runner import RunContext
+from tests.nmt_support import write_corpus
 from experiments.multi30k import EOS
 from models.nmt import DecoderOutputs, DecoderState, Memory
 
@@ -34,10 +34,9 @@ def settings(variant="wc", **changes):
     return nmt.NmtSettings(variant=variant, **nmt.presets("multi30k", variant), **{**quick, **changes})
 
 
-def context(folder):
-    """The stand-in of the runner's RunContext (see prompts/runner_api.md)."""
-    return SimpleNamespace(trainer=lambda m, g, o, **kw: SVITrainer(m, g, o, checkpoint=folder / "run.pt", **kw),
-                           folder=folder, progress=False, description="test")
+def context(folder, run_settings):
+    """The runner's context of one run, checkpointing into ``folder`` under ``run_settings``."""
+    return RunContext(folder, run_settings, progress=False)
 
 
 def test_presets_and_settings():
@@ -53,7 +52,7 @@ def test_presets_and_settings():
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"variant": "hard"}, "unknown translation variant 'hard'"),
+    ({"variant": "gumbel"}, "unknown translation variant 'gumbel'"),
     ({"preset": "gpu"}, "preset must be one of"),
     ({"batch_size": 0}, "batch_size must be a positive integer"),
     ({"max_length": -3}, "max_length must be a positive integer"),
@@ -112,9 +111,10 @@ def test_translations_are_detokenized_in_file_order_and_scored_against_raw_refer
 def test_a_run_reports_its_metrics_and_writes_the_attention_posterior(toy_root, tmp_path):
     run = settings("wc", lr=1e-2, uncertainty_draws=20, max_train=128)
     data = nmt.load_data(run, str(toy_root))
-    metrics = nmt.train_run(run, data, context(tmp_path))
+    ctx = context(tmp_path, run)
+    metrics = nmt.train_run(run, data, ctx)
     assert set(metrics) >= {"test_bleu", "test_ppl", "val_bleu", "val_ppl", "seconds_per_step", "parameters"}
-    assert metrics["epochs"] == 2 and metrics["val_ppl"] < data.vocab_size / 2  # better than uniform
+    assert ctx.fit_result.epochs == 2 and metrics["val_ppl"] < data.vocab_size / 2  # better than uniform
     assert metrics["parameters"] == sum(p.numel() for p in nmt.build_trainable(run, data.vocab_size).model.parameters())
     assert 0 < metrics["seconds_per_step"] < 5 and 0 <= metrics["test_bleu"] <= 100
     assert (tmp_path / "attention_sentence0.png").stat().st_size > 10_000
@@ -123,20 +123,31 @@ def test_a_run_reports_its_metrics_and_writes_the_attention_posterior(toy_root, 
     # independent draws: R-hat near 1 and ESS near the number of draws (2 chains of 20)
     assert len(summary) > 0 and abs(summary["r_hat"].median() - 1) < 0.05 and summary["ess_bulk"].median() > 20
     soft = settings("soft", max_epochs=1, uncertainty_draws=20, max_train=32)
-    nmt.train_run(soft, data, context(tmp_path / "soft"))
+    nmt.train_run(soft, data, context(tmp_path / "soft", soft))
     assert not (tmp_path / "soft" / "attention_summary.csv").exists()  # soft attention has no posterior
 
 
 def test_resume_is_exact(toy_root, tmp_path):
     """Two epochs straight and one epoch then a resumed second give the same parameters and scores."""
     data = nmt.load_data(settings(max_train=96), str(toy_root))
-    straight = nmt.train_run(settings(max_epochs=2), data, context(tmp_path / "straight"))
-    nmt.train_run(settings(max_epochs=1), data, context(tmp_path / "resumed"))
-    resumed = nmt.train_run(settings(max_epochs=2), data, context(tmp_path / "resumed"))
-    first = torch.load(tmp_path / "straight" / "run.pt", weights_only=False)
-    second = torch.load(tmp_path / "resumed" / "run.pt", weights_only=False)
+    straight = nmt.train_run(settings(max_epochs=2), data, context(tmp_path / "straight", settings(max_epochs=2)))
+    # a run of 2 epochs stopped after the first, then started again
+    nmt.train_run(settings(max_epochs=1), data, context(tmp_path / "resumed", settings(max_epochs=2)))
+    resumed = nmt.train_run(settings(max_epochs=2), data, context(tmp_path / "resumed", settings(max_epochs=2)))
+    first = torch.load(tmp_path / "straight" / "checkpoint.pt", weights_only=True)
+    second = torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=True)
     assert first["epoch"] == second["epoch"] == 2
     for name, value in first["model"].items():
         assert torch.equal(value, second["model"][name]), name
-    for name in ("test_bleu", "test_ppl", "val_bleu", "val_ppl", "epochs"):
+    for name in ("test_bleu", "test_ppl", "val_bleu", "val_ppl"):
         assert straight[name] == resumed[name], name
+
+
+@pytest.mark.parametrize("variant", ["exact", "va-enum", "va-sample", "va-relaxed"])
+def test_latent_alignment_variants_train_and_translate_through_the_task(variant, toy_root, tmp_path):
+    """Each family of Deng et al.'s estimators (enumerated in the model, in the guide, sampled with a
+    baseline, relaxed) trains and is scored by the task's own loop, with top-K prediction."""
+    run = settings(variant, max_epochs=1, max_train=32, top_k=3, beam_size=2)
+    data = nmt.load_data(run, str(toy_root))
+    metrics = nmt.train_run(run, data, context(tmp_path, run))
+    assert math.isfinite(metrics["test_ppl"]) and 0 <= metrics["test_bleu"] <= 100

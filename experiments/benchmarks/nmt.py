@@ -24,10 +24,11 @@ import time
 from typing import Any, Callable, Optional
 
 from experiments.benchmarks.process import RETURN_FREED_BLOCKS, in_fresh_process, reset_peak, resident_mb
-from experiments.runs import whole_number
+from experiments.runner import whole_number
 
-#: JSON name -> task variant; ``soft`` is the baseline and ``bam`` the one the ratios compare
-VARIANTS = {"soft": "soft", "bam": "wc"}
+#: JSON name -> task variant; ``soft`` is the baseline and ``bam`` the one the ratios compare; the
+#: latent-alignment variants of Deng et al. are timed beside them
+VARIANTS = {"soft": "soft", "bam": "wc", **{v: v for v in ("exact", "hard", "hard-enum", "va-enum", "va-sample", "va-relaxed")}}
 
 
 def _training_step(variant: str, preset: str, batch: int, length: int, vocab: int) -> Callable[[], float]:
@@ -94,15 +95,18 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     p.add_argument("--steps", type=whole_number(1), default=10)
     p.add_argument("--warmup", type=whole_number(0), default=2)
     p.add_argument("--threads", type=whole_number(1), default=1, help="torch threads per process")
+    p.add_argument("--models", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
+                   help="what to time beside soft and bam (always measured, with their memory)")
     args = p.parse_args(argv)
+    timed = {name: VARIANTS[name] for name in dict.fromkeys(["soft", "bam", *args.models])}
     shape = (args.preset, args.batch, args.length, args.vocab)
-    ms = in_fresh_process(measure_time, ([*VARIANTS.values()], *shape, args.steps, args.warmup, args.threads))
-    peak = {name: in_fresh_process(measure_memory, (variant, *shape, args.threads), RETURN_FREED_BLOCKS)
-            for name, variant in VARIANTS.items()}
+    ms = in_fresh_process(measure_time, ([*timed.values()], *shape, args.steps, args.warmup, args.threads))
+    peak = {name: in_fresh_process(measure_memory, (VARIANTS[name], *shape, args.threads), RETURN_FREED_BLOCKS)
+            for name in ("soft", "bam")}
     result: dict[str, Any] = {"preset": args.preset, "batch": args.batch, "length": args.length, "vocab": args.vocab,
                               "threads": args.threads}
-    result.update({f"{name}_ms": round(ms[variant], 1) for name, variant in VARIANTS.items()})
-    result.update({f"{name}_peak_mb": round(peak[name], 1) for name in VARIANTS})
+    result.update({f"{name}_ms": round(ms[variant], 1) for name, variant in timed.items()})
+    result.update({f"{name}_peak_mb": round(peak[name], 1) for name in peak})
     result["time_ratio"] = round(ms[VARIANTS["bam"]] / ms[VARIANTS["soft"]], 3)
     result["mem_ratio"] = round(peak["bam"] / peak["soft"], 3)
     print(json.dumps(result), flush=True)
