@@ -7,6 +7,7 @@ import pytest
 from experiments.benchmarks import bert, gat, predictive
 
 
+@pytest.mark.slow  # fresh processes per model; run with make test-slow
 def test_gat_bench_prints_times_memory_and_ratios(capsys):
     gat.main(["--nodes", "60", "--edges", "240", "--features", "8", "--steps", "2", "--threads", "1"])
     figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -21,6 +22,7 @@ def test_gat_bench_raises_its_measuring_process_error(tmp_path):
         gat.main(["--data-root", str(tmp_path), "--steps", "1", "--threads", "1", "--models", "soft"])
 
 
+@pytest.mark.slow  # fresh processes per model; run with make test-slow
 def test_bert_bench_prints_times_memory_and_ratios(capsys, tiny_bert_folder):
     bert.main(["--model", str(tiny_bert_folder), "--batch", "2", "--length", "16", "--steps", "2", "--warmup", "0"])
     figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -2,9 +2,12 @@
 
 import json
 
+import pytest
+
 from experiments.bench import main as bench
 
 
+@pytest.mark.slow  # fresh processes per model; run with make test-slow
 def test_nmt_bench_prints_step_times_memory_and_ratios(capsys):
     bench(["nmt", "--preset", "tiny", "--batch", "4", "--length", "6", "--vocab", "50", "--steps", "2", "--warmup", "0",
            "--models", "exact", "va-sample"])
