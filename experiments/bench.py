@@ -4,6 +4,7 @@
     python -m experiments.bench predictive                  posterior samples of a trained BAM-WC GAT
     python -m experiments.bench bert                        finetuning step: soft vs BAM-WC MiniLM
     python -m experiments.bench nmt                         translation training step: soft vs BAM-WC LSTM
+    python -m experiments.bench vqa                         easy-VQA MCAN training step: soft vs BAM-WC
 
 Ratios compare against a baseline measured in the same run, on this machine.
 """
@@ -18,6 +19,7 @@ BENCHMARKS = {
     "predictive": "experiments.benchmarks.predictive",
     "bert": "experiments.benchmarks.bert",
     "nmt": "experiments.benchmarks.nmt",
+    "vqa": "experiments.benchmarks.vqa",
 }
 
 

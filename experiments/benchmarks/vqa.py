@@ -1,0 +1,117 @@
+"""Training step of the easy-VQA MCAN: soft attention vs BAM-WC, on the same batch of real questions.
+
+    python -m experiments.bench vqa [--batch 128 --steps 10 --threads 1 --train-images N]
+
+Prints one JSON line: median SVI step time (``soft_ms``, ``bam_ms``, ``time_ratio``), the training
+minutes per epoch those imply (the full training split, steps only), and peak memory
+(``soft_peak_mb``, ``bam_peak_mb``, ``mem_ratio``). Times come from one fresh process where both
+models take their steps in turn (so that both see the same machine conditions); memory from one
+fresh process per variant that returns freed blocks to the OS (see
+:mod:`experiments.benchmarks.process`). The peak reported is the peak resident set while building
+the model and taking two steps minus the resident set before (the data already loaded), i.e. the
+memory of the model, the optimizer and the training step (``*_rss_mb`` give the peaks themselves).
+Both models have the task's default sizes and presets (``experiments.vqa``; BAM-WC: k=1000,
+beta=1e-6, d_mid=20) and train with :class:`~bam_pyro.training.SVITrainer`'s default ELBO.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from typing import Any, Callable, Optional
+
+from experiments.benchmarks.process import RETURN_FREED_BLOCKS, in_fresh_process, reset_peak, resident_mb
+from experiments.runner import whole_number
+
+
+def _training_step(variant: str, data, batch: int) -> Callable[[], float]:
+    """One SVI step of ``variant`` on the first ``batch`` training questions."""
+    import torch
+
+    from bam_pyro import AttentionGuide
+    from bam_pyro.training import SVITrainer, seed_everything
+    from experiments.vqa import TASK, build_model
+
+    settings = TASK.settings_for("easy-vqa", variant, 0, {"batch_size": batch})
+    seed_everything(0)
+    model = build_model(settings, data)
+    optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr, betas=(0.9, 0.98))
+    trainer = SVITrainer(model, AttentionGuide(model.model), optimizer)
+    rows = torch.arange(batch)
+    args = (data.train.question_words(rows), data.train.question_images(rows))
+    answers = data.train.answers[rows]
+    return lambda: trainer.step(*args, answers=answers)
+
+
+def measure_time(variants: list[str], batch: int, steps: int, warmup: int, threads: int, images: Optional[int]) -> dict[str, Any]:
+    """Median step time (ms) of each variant over ``steps`` steps after ``warmup``, the variants
+    taking their steps in turn; and the training split's size."""
+    import torch
+
+    from experiments.easy_vqa import load_easy_vqa
+
+    torch.set_num_threads(threads)
+    data = load_easy_vqa(train_images=images)
+    step_of = {variant: _training_step(variant, data, batch) for variant in variants}
+    times: dict[str, list[float]] = {variant: [] for variant in variants}
+    for step in range(warmup + steps):
+        for variant, training_step in step_of.items():
+            start = time.perf_counter()
+            training_step()
+            if step >= warmup:
+                times[variant].append(1000 * (time.perf_counter() - start))
+    return {"train_questions": len(data.train), **{variant: statistics.median(t) for variant, t in times.items()}}
+
+
+def measure_memory(variant: str, batch: int, threads: int, images: Optional[int]) -> dict[str, float]:
+    """Peak memory (MB) of building ``variant`` and taking two steps, above the loaded data."""
+    import torch
+
+    from experiments.easy_vqa import load_easy_vqa
+
+    torch.set_num_threads(threads)
+    data = load_easy_vqa(train_images=images)
+    base = resident_mb()
+    reset_peak()
+    training_step = _training_step(variant, data, batch)
+    for _ in range(2):
+        training_step()
+    peak = resident_mb("VmHWM")
+    return {"peak_mb": peak - base, "rss_mb": peak}
+
+
+def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(prog="python -m experiments.bench vqa", description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=whole_number(1), default=128)
+    p.add_argument("--steps", type=whole_number(1), default=10)
+    p.add_argument("--warmup", type=whole_number(0), default=2)
+    p.add_argument("--threads", type=whole_number(1), default=1, help="torch threads per process")
+    p.add_argument("--train-images", type=whole_number(2), default=None,
+                   help="load only N training images (a quick check; the epoch minutes are then those of the subset)")
+    args = p.parse_args(argv)
+    timing = in_fresh_process(measure_time, (["soft", "wc"], args.batch, args.steps, args.warmup, args.threads, args.train_images))
+    soft, bam = (
+        {"ms": timing[variant], **in_fresh_process(measure_memory, (variant, args.batch, args.threads, args.train_images), RETURN_FREED_BLOCKS)}
+        for variant in ("soft", "wc")
+    )
+    steps_per_epoch = math.ceil(timing["train_questions"] / args.batch)
+    result = {
+        "batch": args.batch, "threads": args.threads, "train_questions": timing["train_questions"],
+        "steps_per_epoch": steps_per_epoch,
+        "soft_ms": round(soft["ms"], 1), "bam_ms": round(bam["ms"], 1),
+        "time_ratio": round(bam["ms"] / soft["ms"], 3),
+        "soft_epoch_minutes": round(steps_per_epoch * soft["ms"] / 60_000, 2),
+        "bam_epoch_minutes": round(steps_per_epoch * bam["ms"] / 60_000, 2),
+        "soft_peak_mb": round(soft["peak_mb"], 1), "bam_peak_mb": round(bam["peak_mb"], 1),
+        "mem_ratio": round(bam["peak_mb"] / soft["peak_mb"], 3),
+        "soft_rss_mb": round(soft["rss_mb"], 1), "bam_rss_mb": round(bam["rss_mb"], 1),
+    }
+    print(json.dumps(result), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""Scoring a trained VQA model: clean and noisy image features, posterior draws, the noise sweep, and
+the attention report (ArviZ diagnostics and a picture of a few test questions).
+
+Grid features are computed once per test image (the CNN is deterministic, see :mod:`models.vqa`);
+the noisy data add ``sqrt(variance) * noise`` to them, with one standard normal ``noise`` per image
+drawn from ``noise_seed``: every run, variant and variance sees the same noise, scaled.
+
+Sampling modes of the posterior draws (``pyro.infer.Predictive`` over the model and its guide,
+vectorized over draws, through :func:`bam_pyro.predictive.predictive_draws`):
+
+- ``full``: the network in training mode, so MC dropout, and for BAM also q(S | Phi) at every
+  attention site; the paper's uncertainty of soft attention (dropout only) and of BAM (both);
+- ``attention``: eval mode, q(S | Phi) alone (BAM only; soft attention has no other randomness).
+
+A run's metrics of condition c (``clean``, ``noisy``) and mode m are ``c.m.<metric>`` (those of
+:func:`analysis.metrics.uncertainty_report`), and per answer type ``c.m.<type>.<metric>``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pyro
+import torch
+
+from analysis.diagnostics import attention_inference_data, attention_summary
+from analysis.metrics import PAVPU_THRESHOLDS, top_two_pvalues, uncertainty_report
+from analysis.vqa_figures import QuestionView, attention_picture
+from bam_pyro import BamConfig
+from bam_pyro.predictive import predictive_draws
+from bam_pyro.training import seed_everything
+from experiments.easy_vqa import ANSWER_TYPES, EasyVqa, VqaSplit, tokenize
+from models.vqa import VqaModel, guided_attention_sites
+
+#: the PAvPU threshold of the headline columns (the paper does not say which it used)
+PAVPU_HEADLINE = 0.05
+#: metrics reported per answer type (all of :func:`uncertainty_report` overall)
+PER_TYPE = ("accuracy", *(f"pavpu@{t:g}" for t in PAVPU_THRESHOLDS))
+ACCURACY = {"clean": "test_acc", "noisy": "noisy_acc"}
+
+
+def type_key(answer_type: str) -> str:
+    """Column-friendly name of an answer type (``yes/no`` -> ``yesno``)."""
+    return answer_type.replace("/", "")
+
+
+def modes_for(config: BamConfig) -> list[str]:
+    return ["full", "attention"] if config.stochastic else ["full"]
+
+
+@torch.no_grad()
+def grid_features(model: VqaModel, split: VqaSplit, batch: int) -> torch.Tensor:
+    """The CNN's grid features of every image of ``split``, ``[images, cells, features]``."""
+    model.eval()
+    return torch.cat([model.network.image_features(images) for images in split.images.split(batch)])
+
+
+def feature_noise(shape: torch.Size, seed: int) -> torch.Tensor:
+    """Standard normal noise of ``shape`` from its own generator (the global RNG is left alone)."""
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def noisy(clean: torch.Tensor, noise: torch.Tensor, variance: float) -> torch.Tensor:
+    """The noisy data's grid features: ``clean + sqrt(variance) * noise``."""
+    return clean + math.sqrt(variance) * noise
+
+
+@torch.no_grad()
+def posterior_mean_logits(model: VqaModel, split: VqaSplit, batch: int, features: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Logits ``[questions, answers]`` of the posterior-mean prediction (eval mode: every attention
+    replaced by its mean, no dropout), from the images or from per-image grid ``features``."""
+    model.eval()
+    logits = []
+    for rows in torch.arange(len(split)).split(batch):
+        if features is None:
+            logits.append(model.network(split.question_words(rows), split.question_images(rows)))
+        else:
+            logits.append(model.network(split.question_words(rows), features=features[split.image_index[rows]]))
+    return torch.cat(logits)
+
+
+def posterior_probs(model: VqaModel, split: VqaSplit, features: torch.Tensor, mode: str, samples: int,
+                    chunk: int, batch: int, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Answer probabilities ``[samples, questions, answers]`` of posterior draws in ``mode``."""
+    rows = torch.arange(len(split)) if rows is None else rows
+    probs = []
+    with torch.no_grad():
+        for part in rows.split(batch):
+            inputs = (split.question_words(part), None, features[split.image_index[part]])
+            probs.append(predictive_draws(model, inputs, samples, dropout=mode == "full", chunk_size=chunk).probs)
+    probs = torch.cat(probs, dim=1).double()
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def accuracy_by_type(predictions: torch.Tensor, split: VqaSplit, name: str) -> dict[str, float]:
+    """Accuracy in percent overall (``name``) and per answer type (``name.<type>``)."""
+    correct = (predictions == split.answers).double()
+    metrics = {name: 100 * correct.mean().item()}
+    for index, answer_type in enumerate(ANSWER_TYPES):
+        chosen = split.answer_types == index
+        if chosen.any():
+            metrics[f"{name}.{type_key(answer_type)}"] = 100 * correct[chosen].mean().item()
+    return metrics
+
+
+def uncertainty_by_type(probs: torch.Tensor, split: VqaSplit, prefix: str) -> dict[str, float]:
+    """:func:`uncertainty_report` of the draws overall, and :data:`PER_TYPE` per answer type."""
+    metrics = uncertainty_report(probs, split.answers, prefix=prefix)
+    for index, answer_type in enumerate(ANSWER_TYPES):
+        chosen = split.answer_types == index
+        if chosen.any():
+            report = uncertainty_report(probs[:, chosen], split.answers[chosen])
+            metrics.update({f"{prefix}{type_key(answer_type)}.{m}": report[m] for m in PER_TYPE})
+    return metrics
+
+
+def condition_metrics(model: VqaModel, split: VqaSplit, features: torch.Tensor, condition: str, settings) -> dict[str, float]:
+    """Accuracy (posterior mean) and, with ``settings.samples``, every mode's uncertainty metrics on
+    the test questions with the given grid features."""
+    predictions = posterior_mean_logits(model, split, settings.eval_batch, features).argmax(-1)
+    metrics = accuracy_by_type(predictions, split, ACCURACY[condition])
+    if settings.samples:
+        for mode in modes_for(settings.attention):
+            pyro.set_rng_seed(settings.seed)
+            probs = posterior_probs(model, split, features, mode, settings.samples, settings.chunk, settings.eval_batch)
+            metrics.update(uncertainty_by_type(probs, split, f"{condition}.{mode}."))
+    return metrics
+
+
+def noise_sweep(model: VqaModel, split: VqaSplit, clean: torch.Tensor, noise: torch.Tensor, settings,
+                scored: dict[str, float]) -> dict[str, float]:
+    """``sweep.<variance>.acc`` (posterior mean) and, with samples, ``sweep.<variance>.pavpu@<t>``
+    (``full`` mode) for every variance of ``settings.sweep_variances``; the clean and noisy data's
+    figures are taken from ``scored``."""
+    metrics = {}
+    for variance in settings.sweep_variances:
+        known = {0.0: "clean", settings.noise_variance: "noisy"}.get(variance)
+        name = f"sweep.{variance:g}."
+        if known is not None:
+            metrics[name + "acc"] = scored[ACCURACY[known]]
+            metrics.update({name + f"pavpu@{t:g}": scored[f"{known}.full.pavpu@{t:g}"]
+                            for t in PAVPU_THRESHOLDS if f"{known}.full.pavpu@{t:g}" in scored})
+            continue
+        features = noisy(clean, noise, variance)
+        predictions = posterior_mean_logits(model, split, settings.eval_batch, features).argmax(-1)
+        metrics[name + "acc"] = accuracy_by_type(predictions, split, "acc")["acc"]
+        if settings.samples:
+            pyro.set_rng_seed(settings.seed)
+            probs = posterior_probs(model, split, features, "full", settings.samples, settings.chunk, settings.eval_batch)
+            report = uncertainty_report(probs, split.answers)
+            metrics.update({name + f"pavpu@{t:g}": report[f"pavpu@{t:g}"] for t in PAVPU_THRESHOLDS})
+    return metrics
+
+
+# --- the attention report --------------------------------------------------------------------
+
+
+def diagnosed_questions(split: VqaSplit, count: int) -> torch.Tensor:
+    """``count`` test questions: the first of each answer type, then the next ones in order."""
+    firsts = [int((split.answer_types == t).nonzero()[0]) for t in range(len(ANSWER_TYPES)) if (split.answer_types == t).any()]
+    rest = [r for r in range(len(split)) if r not in firsts]
+    return torch.tensor((firsts + rest)[:count])
+
+
+def attention_report(model: VqaModel, data: EasyVqa, settings, folder: Path) -> None:
+    """ArviZ diagnostics (ESS, R-hat, HDI) of the guided attention's posterior q on a few test
+    questions, ``settings.chains`` chains of max(samples, 100) draws (eval mode: attention noise
+    alone), and ``figures/attention.png``.
+
+    The quantity diagnosed is the attention each question word gets from the image grid: the
+    guided attention averaged over the grid cells (queries), per layer, head and word. Its prior
+    (the prior's location Psi normalized over the words) is stored beside it.
+    """
+    split = data.test
+    rows = diagnosed_questions(split, settings.diag_questions)
+    words = split.question_words(rows)
+    valid = words != 0  # [Q, L]
+    inputs = (words, None, grid_features(model, split, settings.eval_batch)[split.image_index[rows]])
+    layers = guided_attention_sites(model)
+
+    def grid_average(weights: torch.Tensor) -> torch.Tensor:  # [draws, Q, H, G, L] -> [draws, H, Q, L]
+        return weights.double().mean(-2).transpose(1, 2).masked_fill(~valid, math.nan)
+
+    posterior, prior = [], []
+    for chain in range(settings.chains):
+        seed_everything(1000 + chain)
+        with torch.no_grad():
+            draws = predictive_draws(model, inputs, max(settings.samples, 100), layers=layers, with_prior=True,
+                                     select_attention=grid_average, chunk_size=settings.chunk)
+        posterior.append({layer: w.numpy() for layer, w in draws.attention.items()})
+        prior.append({layer: (p / p.nansum(-1, keepdim=True)).numpy() for layer, p in draws.prior_location.items()})
+    idata = attention_inference_data(posterior, queries=rows.tolist(), prior_chains=prior)
+    out = folder / "diagnostics"
+    out.mkdir(parents=True, exist_ok=True)
+    idata.to_netcdf(out / "attention.nc")
+    summary = attention_summary(idata)
+    tokens = [tokenize(split.questions[r]) for r in rows.tolist()]
+    by_row = dict(zip(rows.tolist(), tokens))
+    summary.insert(0, "word", [by_row[q][k] for q, k in zip(summary.index.get_level_values("query"), summary.index.get_level_values("key"))])
+    summary.to_csv(out / "attention-summary.csv")
+    info = dict(chains=settings.chains, draws=max(settings.samples, 100), questions=rows.tolist(),
+                texts=[split.questions[r] for r in rows.tolist()], entries=len(summary),
+                constant_entries=summary.attrs["constant_entries"],
+                ess_bulk_min=float(summary["ess_bulk"].min()), r_hat_max=float(summary["r_hat"].max()))
+    (out / "attention-diagnostics.json").write_text(json.dumps(info, indent=1))
+
+    last = layers[-1]
+    attention = np.concatenate([chain[last] for chain in posterior]).mean(1)  # [draws, Q, L], heads averaged
+    prior_weights = np.concatenate([chain[last] for chain in prior]).mean((0, 1))  # [Q, L]
+    seed_everything(settings.seed)
+    with torch.no_grad():
+        answer_draws = predictive_draws(model, inputs, max(settings.samples, 2), dropout=True, chunk_size=settings.chunk).probs.double()
+        model.eval()
+        image_weights = model.network.outputs(*inputs).image_weights
+    pvalues = top_two_pvalues(answer_draws / answer_draws.sum(-1, keepdim=True))
+    grid = settings.grid
+    views = [
+        QuestionView(
+            image=split.question_images(rows[q : q + 1])[0].permute(1, 2, 0).numpy(), question=split.questions[r],
+            words=tokens[q], attention_draws=attention[:, q, : len(tokens[q])], prior=prior_weights[q, : len(tokens[q])],
+            answer_draws=answer_draws[:, q].numpy(), answers=data.answers, truth=int(split.answers[r]),
+            pvalue=float(pvalues[q]), image_weights=image_weights[q].reshape(grid, grid).numpy(),
+        )
+        for q, r in enumerate(rows.tolist())
+    ]
+    title = f"{settings.variant}, seed {settings.seed}: guided attention (layer {last}) and answers"
+    attention_picture(views, folder / "figures" / "attention.png", title=title)
