@@ -35,9 +35,10 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Literal, NamedTuple, Optional
 
 import numpy as np
+import pandas as pd
 import sacrebleu
 import torch
 from pyro.infer import ELBO
@@ -45,7 +46,7 @@ from pyro.infer import ELBO
 from bam_pyro import AttentionGuide, BamModel
 from bam_pyro.training import EarlyStopping, seed_everything
 from experiments.multi30k import BOS, EOS, HUB_DATASET, BpeSettings, EncodedSplit, Multi30k, load_multi30k
-from experiments.runner import RunContext, RunSettings, Task, run_cli
+from experiments.runner import RunContext, RunSettings, Task, positive, require, run_cli
 from models.decoding import beam_search
 from guides.alignment import InferenceNetwork, guide_for
 from models.latent_alignment import VARIANTS as ALIGNMENT_VARIANTS
@@ -65,15 +66,16 @@ class TrainingPreset:
 
 
 TRAINING_PRESETS = {"paper": TrainingPreset(125, 3e-4), "cpu": TrainingPreset(50, 1e-3), "tiny": TrainingPreset(50, 1e-3)}
+Preset = Literal["paper", "cpu", "tiny"]
 
 #: the attention settings of each variant (flat fields of the settings; see module doc)
 VARIANT_PRESETS: dict[str, dict[str, Any]] = {
     "soft": {},
     "nokl": {"k": 5.0},
-    "wc": {"k": 5.0, "beta": 1e-6, "anneal_rate": 1.0, "d_mid": 5},
-    "wf": {"k": 5.0, "beta": 1e-6, "alpha": 1e-6, "anneal_rate": 1.0},
-    "lc": {"sigma_q": 0.1, "sigma_p": 1e3, "anneal_rate": 1.0, "d_mid": 5},
     "lf": {"sigma_q": 0.1, "sigma_p": 1e3, "anneal_rate": 1.0},
+    "lc": {"sigma_q": 0.1, "sigma_p": 1e3, "anneal_rate": 1.0, "d_mid": 5},
+    "wf": {"k": 5.0, "beta": 1e-6, "alpha": 1e-6, "anneal_rate": 1.0},
+    "wc": {"k": 5.0, "beta": 1e-6, "anneal_rate": 1.0, "d_mid": 5},  # the paper's (appendix B.4)
 }
 
 #: IWSLT14 de-en test BLEU of the paper's Table 4 and of Deng et al.'s Table 1 (another corpus than
@@ -84,50 +86,44 @@ PAPER_BLEU = {"soft": 32.77, "wc": 33.81, "va-enum": 33.68, "va-sample": 33.30, 
 
 @dataclass(frozen=True)
 class NmtSettings(RunSettings):
-    """One translation run. ``max_length`` and ``lr`` None: the preset's (:data:`TRAINING_PRESETS`);
-    ``max_train``: keep only the first training pairs (quick runs); ``uncertainty_draws`` 0: no
-    attention figure."""
+    """One translation run (every field is a command-line option and a column of its record)."""
 
     dataset: str = "multi30k"
-    preset: str = "cpu"
-    bpe_size: int = 8000
-    max_length: Optional[int] = None
-    max_train: Optional[int] = None
-    hub_dataset: str = HUB_DATASET
-    lr: Optional[float] = None
+    preset: Preset = field(default="cpu", metadata={"help": "network sizes (models.nmt.PRESETS) and training preset"})
+    bpe_size: int = field(default=8000, metadata={"help": "pieces of the joint BPE vocabulary"})
+    max_length: Optional[int] = field(default=None, metadata={
+        "help": "training pairs longer than this many pieces are dropped (none: the preset's)"})
+    max_train: Optional[int] = field(default=None, metadata={"help": "keep only the first training pairs (quick runs)"})
+    hub_dataset: str = field(default=HUB_DATASET, metadata={"help": "the corpus on the hub, read without a data root"})
+    lr: Optional[float] = field(default=None, metadata={"help": "Adam's learning rate (none: the preset's)"})
     batch_size: int = 64
     max_epochs: int = 15
-    patience: int = 3
-    grad_clip: float = 5.0
+    patience: int = field(default=3, metadata={"help": "epochs without a better validation perplexity before stopping"})
+    grad_clip: float = field(default=5.0, metadata={"help": "largest gradient norm"})
     beam_size: int = 10
-    length_penalty: float = 1.0
+    length_penalty: float = field(default=1.0, metadata={"help": "alpha of Wu et al.'s length penalty (0: none)"})
     eval_batch_size: int = 50
-    uncertainty_seed: int = 0
-    uncertainty_draws: int = 100
+    uncertainty_seed: int = field(default=0, metadata={
+        "help": "the seed whose runs of variants with a prior write the attention posterior"})
+    uncertainty_draws: int = field(default=100, metadata={"help": "posterior draws per chain of it (0: none)"})
     top_k: Optional[int] = field(default=None, metadata={
         "help": "latent-alignment variants: predict over the K most probable alignments (none: all, exactly)"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.dataset != "multi30k":
-            raise ValueError(f"dataset must be 'multi30k', got {self.dataset!r}")
-        if self.preset not in PRESETS:
-            raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {self.preset!r}")
-        if self.variant not in BUILDERS:
-            raise ValueError(f"unknown translation variant {self.variant!r}; expected one of {sorted(BUILDERS)}")
+        require(self.dataset == "multi30k", "dataset", self.dataset, "'multi30k'")
+        require(self.preset in PRESETS, "preset", self.preset, f"one of {sorted(PRESETS)}")
+        require(self.variant in BUILDERS, "variant", self.variant, f"one of the translation variants {sorted(BUILDERS)}")
         for name in ("bpe_size", "max_length", "max_train", "batch_size", "max_epochs", "patience", "beam_size",
                      "eval_batch_size"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("lr", "grad_clip"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"{name} must be > 0, got {value!r}")
-        if not self.length_penalty >= 0:
-            raise ValueError(f"length_penalty must be >= 0, got {self.length_penalty!r}")
-        if self.uncertainty_draws < 0 or self.uncertainty_draws == 1:
-            raise ValueError(f"uncertainty_draws must be 0 (none) or at least 2, got {self.uncertainty_draws!r}")
+            require(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
+                    name, value, "a whole number >= 1")
+        positive("lr", self.lr)
+        positive("grad_clip", self.grad_clip)
+        positive("length_penalty", self.length_penalty, strict=False)
+        require(self.uncertainty_draws == 0 or self.uncertainty_draws >= 2, "uncertainty_draws",
+                self.uncertainty_draws, "0 (none) or at least 2")
 
     @property
     def length_limit(self) -> int:
@@ -269,20 +265,13 @@ def train_run(settings: NmtSettings, data: Multi30k, run: RunContext) -> dict[st
 
 
 TASK = Task(
-    name="nmt",
-    settings=NmtSettings,
-    panel="dataset",
-    panels=("multi30k",),
-    variants=tuple(BUILDERS),
-    presets=presets,
-    load=load_data,
-    train=train_run,
+    name="nmt", settings=NmtSettings, panel="dataset", panels=("multi30k",), load=load_data, train=train_run,
     metrics=("test_bleu", "test_ppl", "val_bleu", "val_ppl", "seconds_per_step", "parameters"),
-    paper={"multi30k": PAPER_BLEU},
+    presets=presets, variants=tuple(BUILDERS), paper={"multi30k": PAPER_BLEU}, description=__doc__.split("\n\n")[0],
 )
 
 
-def main(argv: Optional[list[str]] = None):
+def main(argv: Optional[list[str]] = None) -> dict[str, pd.DataFrame]:
     return run_cli(TASK, argv)
 
 

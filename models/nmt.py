@@ -26,7 +26,8 @@ The interface other attention models reuse (the latent-alignment family of Deng 
   ``generate(states[:, :, None], memory.states[:, None])`` gives the logits of every alignment
   ``[B, T, S, V]`` (hard attention: the context is one encoder state);
 - ``attention_weights(scores, memory, tgt_mask)``: the Bayesian attention call;
-  ``context(weights, memory)``: ``sum_i W_ji x_i``.
+  ``context(weights, memory)``: ``sum_i W_ji x_i``; ``vocab_size``, ``source_embedding`` and
+  ``target_embedding`` (an inference network may share them).
 
 :class:`Translator` is the Pyro model (a :class:`bam_pyro.BamModel`): ``model(src, src_mask,
 tgt_in, tgt_mask, tgt_out=None)`` observes ``tgt_out`` in the plates ``sentences`` x

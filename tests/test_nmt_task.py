@@ -6,11 +6,13 @@ import pandas as pd
 import pytest
 import torch
 
+from bam_pyro.training import SVITrainer
 from experiments import nmt
+from experiments.multi30k import EOS, EncodedSplit, make_batch
+from experiments.records import CHECKPOINT
 from experiments.runner import RunContext
-from tests.nmt_support import write_corpus
-from experiments.multi30k import EOS
 from models.nmt import DecoderOutputs, DecoderState, Memory
+from tests.nmt_support import write_corpus
 
 
 @pytest.fixture(autouse=True)
@@ -34,9 +36,9 @@ def settings(variant="wc", **changes):
     return nmt.NmtSettings(variant=variant, **nmt.presets("multi30k", variant), **{**quick, **changes})
 
 
-def context(folder, run_settings):
+def context(folder, run_settings, **options):
     """The runner's context of one run, checkpointing into ``folder`` under ``run_settings``."""
-    return RunContext(folder, run_settings, progress=False)
+    return RunContext(folder, run_settings, progress=False, **options)
 
 
 def test_presets_and_settings():
@@ -51,13 +53,30 @@ def test_presets_and_settings():
     assert nmt.TASK.metrics[0] == "test_bleu"
 
 
+@pytest.mark.parametrize("variant", sorted(nmt.VARIANT_PRESETS))
+def test_every_soft_and_bam_variant_trains_with_its_preset(variant):
+    """One SVI step of each soft/BAM variant at its preset: a finite loss that moves the weights;
+    variants with a prior get exactly one attention site."""
+    run = settings(variant)
+    trainable = nmt.build_trainable(run, 30)
+    model = trainable.model
+    trainer = SVITrainer(model, trainable.guide, nmt.make_optimizer(run, model), elbo=trainable.elbo)
+    g = torch.Generator().manual_seed(0)
+    pairs = [torch.randint(4, 30, (n,), generator=g).numpy() for n in (3, 5, 4, 2)]
+    args, kwargs = make_batch(pairs, pairs[::-1]).model_args
+    before = [p.detach().clone() for p in model.parameters()]
+    assert math.isfinite(trainer.step(*args, **kwargs))
+    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    assert model.num_sites == (run.attention.prior is not None)
+
+
 @pytest.mark.parametrize("changes, message", [
-    ({"variant": "gumbel"}, "unknown translation variant 'gumbel'"),
+    ({"variant": "gumbel"}, "variant must be one of the translation variants"),
     ({"preset": "gpu"}, "preset must be one of"),
-    ({"batch_size": 0}, "batch_size must be a positive integer"),
-    ({"max_length": -3}, "max_length must be a positive integer"),
-    ({"lr": 0.0}, "lr must be > 0"),
-    ({"length_penalty": -1.0}, "length_penalty must be >= 0"),
+    ({"batch_size": 0}, "batch_size must be a whole number >= 1"),
+    ({"max_length": -3}, "max_length must be a whole number >= 1"),
+    ({"lr": 0.0}, "lr must be a finite number > 0"),
+    ({"length_penalty": -1.0}, "length_penalty must be a finite number >= 0"),
     ({"uncertainty_draws": 1}, "uncertainty_draws must be 0"),
     ({"dataset": "wmt"}, "dataset must be 'multi30k'"),
 ])
@@ -127,15 +146,31 @@ def test_a_run_reports_its_metrics_and_writes_the_attention_posterior(toy_root, 
     assert not (tmp_path / "soft" / "attention_summary.csv").exists()  # soft attention has no posterior
 
 
-def test_resume_is_exact(toy_root, tmp_path):
-    """Two epochs straight and one epoch then a resumed second give the same parameters and scores."""
-    data = nmt.load_data(settings(max_train=96), str(toy_root))
-    straight = nmt.train_run(settings(max_epochs=2), data, context(tmp_path / "straight", settings(max_epochs=2)))
-    # a run of 2 epochs stopped after the first, then started again
-    nmt.train_run(settings(max_epochs=1), data, context(tmp_path / "resumed", settings(max_epochs=2)))
-    resumed = nmt.train_run(settings(max_epochs=2), data, context(tmp_path / "resumed", settings(max_epochs=2)))
-    first = torch.load(tmp_path / "straight" / "checkpoint.pt", weights_only=True)
-    second = torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=True)
+class Crash(Exception):
+    pass
+
+
+def test_a_run_killed_inside_an_epoch_resumes_exactly(toy_root, tmp_path, monkeypatch):
+    """Killed after 4 steps (one into the second epoch) with a checkpoint after every step, the
+    resumed run ends with the parameters and scores of the uninterrupted one."""
+    run = settings(max_train=96, max_epochs=2)  # 3 steps per epoch
+    data = nmt.load_data(run, str(toy_root))
+    straight = nmt.train_run(run, data, context(tmp_path / "straight", run))
+    original, steps = EncodedSplit.training_batches, []
+
+    def crashing(self, *args, **kwargs):
+        for batch in original(self, *args, **kwargs):
+            if len(steps) == 4:
+                raise Crash
+            steps.append(1)
+            yield batch
+
+    monkeypatch.setattr(EncodedSplit, "training_batches", crashing)
+    with pytest.raises(Crash):
+        nmt.train_run(run, data, context(tmp_path / "killed", run, checkpoint_seconds=0))
+    monkeypatch.setattr(EncodedSplit, "training_batches", original)
+    resumed = nmt.train_run(run, data, context(tmp_path / "killed", run, checkpoint_seconds=0))
+    first, second = (torch.load(tmp_path / name / CHECKPOINT, weights_only=True) for name in ("straight", "killed"))
     assert first["epoch"] == second["epoch"] == 2
     for name, value in first["model"].items():
         assert torch.equal(value, second["model"][name]), name
