@@ -38,6 +38,11 @@ def tokenize(question: str) -> list[str]:
     return re.findall(r"[^\s?.,!]+", question.lower())
 
 
+def type_key(answer_type: str) -> str:
+    """Column-friendly name of an answer type (``yes/no`` -> ``yesno``)."""
+    return answer_type.replace("/", "")
+
+
 def answer_type(answer: str) -> str:
     if answer in ("yes", "no"):
         return "yes/no"

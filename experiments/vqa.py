@@ -42,7 +42,7 @@ from experiments.easy_vqa import EasyVqa, VqaSplit, load_easy_vqa
 from experiments.runner import RunContext, RunSettings, Task, positive, require, run_cli
 from experiments.vqa_uncertainty import (
     PAVPU_HEADLINE, attention_report, condition_metrics, feature_noise, grid_features, noise_sweep, noisy,
-    posterior_mean_logits,
+    posterior_mean_logits, uncertainty_rows,
 )
 from experiments.vqa_tables import tables
 from analysis.vqa_figures import noise_sweep_figure
@@ -68,10 +68,10 @@ class VqaSettings(RunSettings):
     features: int = field(default=64, metadata={"help": "channels of the CNN's grid features"})
     grid: int = field(default=4, metadata={"help": "the image is a grid x grid of feature cells (4, 8 or 16)"})
     dropout: float = 0.1
-    lr: float = 1e-3
+    lr: float = field(default=3e-4, metadata={"help": "Adam's learning rate (1e-3 stalled on validation)"})
     batch_size: int = 128
-    max_epochs: int = 8
-    patience: int = field(default=2, metadata={"help": "epochs without improvement of validation accuracy or loss"})
+    max_epochs: int = 10
+    patience: int = field(default=3, metadata={"help": "epochs without improvement of validation accuracy or loss"})
     validation_fraction: float = field(default=0.2, metadata={"help": "fraction of the training images held out"})
     split_seed: int = field(default=0, metadata={"help": "seed of the validation split and of image subsets"})
     train_images: Optional[int] = field(default=None, metadata={"help": "use a fixed subset of N training images"})
@@ -81,10 +81,13 @@ class VqaSettings(RunSettings):
         "help": "more noise variances, comma-separated, for the accuracy/PAvPU-vs-noise curve ('' for none)"})
     noise_seed: int = field(default=0, metadata={"help": "seed of the feature noise (the same for every run)"})
     samples: int = field(default=20, metadata={"help": "posterior draws M for the uncertainty metrics (0: none)"})
+    uncertainty_questions: int = field(default=2000, metadata={
+        "help": "test questions (a fixed random subset) the posterior draws score (0: all)"})
     chunk: int = field(default=10, metadata={"help": "draws per vectorized pass"})
     eval_batch: int = field(default=256, metadata={"help": "questions per scoring pass"})
     chains: int = field(default=2, metadata={"help": "chains of the attention diagnostics (0: none)"})
     diag_questions: int = field(default=4, metadata={"help": "test questions diagnosed and drawn"})
+    diag_draws: int = field(default=200, metadata={"help": "draws per chain of the attention diagnostics"})
     diagnostics_seed: int = field(default=0, metadata={"help": "the seed whose BAM runs write diagnostics"})
 
     def __post_init__(self) -> None:
@@ -92,6 +95,7 @@ class VqaSettings(RunSettings):
         for name in ("hidden", "heads", "encoder_layers", "decoder_layers", "batch_size", "max_epochs",
                      "patience", "train_images", "test_images", "chunk", "eval_batch", "diag_questions"):
             positive(name, getattr(self, name), minimum=1, strict=False)
+        positive("diag_draws", self.diag_draws, minimum=4, strict=False)  # ArviZ's ESS needs 4 per chain
         positive("lr", self.lr)
         require(0 <= self.dropout < 1, "dropout", self.dropout, "in [0, 1)")
         require(0 < self.validation_fraction < 1, "validation_fraction", self.validation_fraction, "in (0, 1)")
@@ -99,6 +103,7 @@ class VqaSettings(RunSettings):
         self.sweep_variances  # noqa: B018  (validates the list)
         require(self.samples == 0 or self.samples >= 2, "samples", self.samples, "0 or at least 2 (PAvPU's t-test)")
         positive("chains", self.chains, strict=False)
+        positive("uncertainty_questions", self.uncertainty_questions, strict=False)
         self.sizes  # noqa: B018  (validates the layer sizes)
 
     @property
@@ -163,10 +168,11 @@ def train(settings: VqaSettings, data: EasyVqa, run: RunContext) -> dict[str, fl
     metrics = validation_metrics(model, data.val, settings.eval_batch)
     clean = grid_features(model, data.test, settings.eval_batch)
     noise = feature_noise(clean.shape, settings.noise_seed)
+    rows = uncertainty_rows(data.test, settings.uncertainty_questions, settings.split_seed)
     conditions = {"clean": clean, "noisy": noisy(clean, noise, settings.noise_variance)}
     for condition, features in conditions.items():
-        metrics.update(condition_metrics(model, data.test, features, condition, settings))
-    metrics.update(noise_sweep(model, data.test, clean, noise, settings, metrics))
+        metrics.update(condition_metrics(model, data.test, features, condition, settings, rows))
+    metrics.update(noise_sweep(model, data.test, clean, noise, settings, rows, metrics))
     if settings.chains and settings.seed == settings.diagnostics_seed and settings.attention.prior is not None:
         attention_report(model, data, settings, run.folder)
     return metrics

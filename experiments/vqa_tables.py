@@ -13,7 +13,8 @@ import pandas as pd
 from analysis.metrics import PAVPU_THRESHOLDS
 from analysis.tables import format_mean_std, mean_std, paired_difference
 from analysis.vqa_figures import sweep_long
-from experiments.easy_vqa import ANSWER_TYPES
+from experiments.easy_vqa import ANSWER_TYPES, type_key
+from experiments.vqa_uncertainty import PAVPU_HEADLINE
 
 #: the paper's Table 2 (VQA-v2, MCAN): accuracy original, noisy; PAvPU original, noisy
 PAPER_TABLE2 = {
@@ -24,13 +25,12 @@ PAPER_TABLE2 = {
     "wc": (67.02, 62.89, 71.21, 66.75),
 }
 VARIANT_ORDER = ("soft", "lf", "lc", "wf", "wc")
-HEADLINE = 0.05
 #: Table 2's columns: heading -> results column
 TABLE2 = {
     "accuracy, original": "test_acc",
     "accuracy, noisy": "noisy_acc",
-    "PAvPU, original": f"clean.full.pavpu@{HEADLINE:g}",
-    "PAvPU, noisy": f"noisy.full.pavpu@{HEADLINE:g}",
+    "PAvPU, original": f"clean.full.pavpu@{PAVPU_HEADLINE:g}",
+    "PAvPU, noisy": f"noisy.full.pavpu@{PAVPU_HEADLINE:g}",
 }
 UNCERTAINTY = ("accuracy", "nll", "ece", "brier", "mutual_info", *(f"pavpu@{t:g}" for t in PAVPU_THRESHOLDS))
 DIGITS = {"nll": 3, "brier": 3, "mutual_info": 4}
@@ -84,13 +84,13 @@ def table7(results: pd.DataFrame) -> pd.DataFrame:
     for variant, runs in results.groupby("variant", sort=False):
         for condition, accuracy in (("original", "test_acc"), ("noisy", "noisy_acc")):
             prefix = "clean" if condition == "original" else "noisy"
-            pavpu = f"{prefix}.full.pavpu@{HEADLINE:g}"
+            pavpu = f"{prefix}.full.pavpu@{PAVPU_HEADLINE:g}"
             row = {"variant": variant, "data": condition, "seeds": len(runs)}
             for name, column in (("accuracy", accuracy), ("PAvPU", pavpu)):
                 row[f"{name} all"] = _mean_std(runs[column]) if column in runs else ""
                 for answer_type in ANSWER_TYPES:
-                    key = answer_type.replace("/", "")
-                    typed = f"{column}.{key}" if name == "accuracy" else f"{prefix}.full.{key}.pavpu@{HEADLINE:g}"
+                    key = type_key(answer_type)
+                    typed = f"{column}.{key}" if name == "accuracy" else f"{prefix}.full.{key}.pavpu@{PAVPU_HEADLINE:g}"
                     row[f"{name} {answer_type}"] = _mean_std(runs[typed]) if typed in runs else ""
             rows.append(row)
     return pd.DataFrame(rows)

@@ -12,6 +12,10 @@ vectorized over draws, through :func:`bam_pyro.predictive.predictive_draws`):
   attention site; the paper's uncertainty of soft attention (dropout only) and of BAM (both);
 - ``attention``: eval mode, q(S | Phi) alone (BAM only; soft attention has no other randomness).
 
+Draws cost about twice a posterior-mean pass each (MC dropout's random masks as much as the rest),
+so they score a fixed random subset of the test questions (``uncertainty_questions``, the same for
+every run); accuracy of the posterior mean is always over the whole test set.
+
 A run's metrics of condition c (``clean``, ``noisy``) and mode m are ``c.m.<metric>`` (those of
 :func:`analysis.metrics.uncertainty_report`), and per answer type ``c.m.<type>.<metric>``.
 """
@@ -33,7 +37,7 @@ from analysis.vqa_figures import QuestionView, attention_picture
 from bam_pyro import BamConfig
 from bam_pyro.predictive import predictive_draws
 from bam_pyro.training import seed_everything
-from experiments.easy_vqa import ANSWER_TYPES, EasyVqa, VqaSplit, tokenize
+from experiments.easy_vqa import ANSWER_TYPES, EasyVqa, VqaSplit, tokenize, type_key
 from models.vqa import VqaModel, guided_attention_sites
 
 #: the PAvPU threshold of the headline columns (the paper does not say which it used)
@@ -41,11 +45,6 @@ PAVPU_HEADLINE = 0.05
 #: metrics reported per answer type (all of :func:`uncertainty_report` overall)
 PER_TYPE = ("accuracy", *(f"pavpu@{t:g}" for t in PAVPU_THRESHOLDS))
 ACCURACY = {"clean": "test_acc", "noisy": "noisy_acc"}
-
-
-def type_key(answer_type: str) -> str:
-    """Column-friendly name of an answer type (``yes/no`` -> ``yesno``)."""
-    return answer_type.replace("/", "")
 
 
 def modes_for(config: BamConfig) -> list[str]:
@@ -83,15 +82,26 @@ def posterior_mean_logits(model: VqaModel, split: VqaSplit, batch: int, features
     return torch.cat(logits)
 
 
-def posterior_probs(model: VqaModel, split: VqaSplit, features: torch.Tensor, mode: str, samples: int,
-                    chunk: int, batch: int, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Answer probabilities ``[samples, questions, answers]`` of posterior draws in ``mode``."""
-    rows = torch.arange(len(split)) if rows is None else rows
+def uncertainty_rows(split: VqaSplit, count: int, seed: int) -> torch.Tensor:
+    """The test questions the posterior draws score: a fixed random ``count`` of them (the same
+    for every run of a seed), or all when ``count`` is 0."""
+    if count == 0 or count >= len(split):
+        return torch.arange(len(split))
+    chosen = np.random.default_rng(seed).choice(len(split), size=count, replace=False)
+    return torch.from_numpy(np.sort(chosen))
+
+
+def posterior_probs(model: VqaModel, split: VqaSplit, features: torch.Tensor, mode: str, rows: torch.Tensor,
+                    settings) -> torch.Tensor:
+    """Answer probabilities ``[samples, len(rows), answers]`` of ``settings.samples`` posterior
+    draws in ``mode`` of the questions ``rows``, seeded by the run's seed."""
+    pyro.set_rng_seed(settings.seed)
     probs = []
     with torch.no_grad():
-        for part in rows.split(batch):
+        for part in rows.split(settings.eval_batch):
             inputs = (split.question_words(part), None, features[split.image_index[part]])
-            probs.append(predictive_draws(model, inputs, samples, dropout=mode == "full", chunk_size=chunk).probs)
+            draws = predictive_draws(model, inputs, settings.samples, dropout=mode == "full", chunk_size=settings.chunk)
+            probs.append(draws.probs)
     probs = torch.cat(probs, dim=1).double()
     return probs / probs.sum(-1, keepdim=True)
 
@@ -107,35 +117,37 @@ def accuracy_by_type(predictions: torch.Tensor, split: VqaSplit, name: str) -> d
     return metrics
 
 
-def uncertainty_by_type(probs: torch.Tensor, split: VqaSplit, prefix: str) -> dict[str, float]:
-    """:func:`uncertainty_report` of the draws overall, and :data:`PER_TYPE` per answer type."""
-    metrics = uncertainty_report(probs, split.answers, prefix=prefix)
+def uncertainty_by_type(probs: torch.Tensor, split: VqaSplit, rows: torch.Tensor, prefix: str) -> dict[str, float]:
+    """:func:`uncertainty_report` of the draws of questions ``rows``, overall and (:data:`PER_TYPE`)
+    per answer type."""
+    answers, types = split.answers[rows], split.answer_types[rows]
+    metrics = uncertainty_report(probs, answers, prefix=prefix)
     for index, answer_type in enumerate(ANSWER_TYPES):
-        chosen = split.answer_types == index
+        chosen = types == index
         if chosen.any():
-            report = uncertainty_report(probs[:, chosen], split.answers[chosen])
+            report = uncertainty_report(probs[:, chosen], answers[chosen])
             metrics.update({f"{prefix}{type_key(answer_type)}.{m}": report[m] for m in PER_TYPE})
     return metrics
 
 
-def condition_metrics(model: VqaModel, split: VqaSplit, features: torch.Tensor, condition: str, settings) -> dict[str, float]:
-    """Accuracy (posterior mean) and, with ``settings.samples``, every mode's uncertainty metrics on
-    the test questions with the given grid features."""
+def condition_metrics(model: VqaModel, split: VqaSplit, features: torch.Tensor, condition: str, settings,
+                      rows: torch.Tensor) -> dict[str, float]:
+    """Accuracy (posterior mean) on every test question and, with ``settings.samples``, every
+    sampling mode's uncertainty metrics on the questions ``rows``, given their grid features."""
     predictions = posterior_mean_logits(model, split, settings.eval_batch, features).argmax(-1)
     metrics = accuracy_by_type(predictions, split, ACCURACY[condition])
     if settings.samples:
         for mode in modes_for(settings.attention):
-            pyro.set_rng_seed(settings.seed)
-            probs = posterior_probs(model, split, features, mode, settings.samples, settings.chunk, settings.eval_batch)
-            metrics.update(uncertainty_by_type(probs, split, f"{condition}.{mode}."))
+            probs = posterior_probs(model, split, features, mode, rows, settings)
+            metrics.update(uncertainty_by_type(probs, split, rows, f"{condition}.{mode}."))
     return metrics
 
 
 def noise_sweep(model: VqaModel, split: VqaSplit, clean: torch.Tensor, noise: torch.Tensor, settings,
-                scored: dict[str, float]) -> dict[str, float]:
-    """``sweep.<variance>.acc`` (posterior mean) and, with samples, ``sweep.<variance>.pavpu@<t>``
-    (``full`` mode) for every variance of ``settings.sweep_variances``; the clean and noisy data's
-    figures are taken from ``scored``."""
+                rows: torch.Tensor, scored: dict[str, float]) -> dict[str, float]:
+    """``sweep.<variance>.acc`` (posterior mean, every test question) and, with samples,
+    ``sweep.<variance>.pavpu@<t>`` (``full`` mode, the questions ``rows``) for every variance of
+    ``settings.sweep_variances``; the clean and noisy data's figures are taken from ``scored``."""
     metrics = {}
     for variance in settings.sweep_variances:
         known = {0.0: "clean", settings.noise_variance: "noisy"}.get(variance)
@@ -149,9 +161,7 @@ def noise_sweep(model: VqaModel, split: VqaSplit, clean: torch.Tensor, noise: to
         predictions = posterior_mean_logits(model, split, settings.eval_batch, features).argmax(-1)
         metrics[name + "acc"] = accuracy_by_type(predictions, split, "acc")["acc"]
         if settings.samples:
-            pyro.set_rng_seed(settings.seed)
-            probs = posterior_probs(model, split, features, "full", settings.samples, settings.chunk, settings.eval_batch)
-            report = uncertainty_report(probs, split.answers)
+            report = uncertainty_report(posterior_probs(model, split, features, "full", rows, settings), split.answers[rows])
             metrics.update({name + f"pavpu@{t:g}": report[f"pavpu@{t:g}"] for t in PAVPU_THRESHOLDS})
     return metrics
 
@@ -168,8 +178,8 @@ def diagnosed_questions(split: VqaSplit, count: int) -> torch.Tensor:
 
 def attention_report(model: VqaModel, data: EasyVqa, settings, folder: Path) -> None:
     """ArviZ diagnostics (ESS, R-hat, HDI) of the guided attention's posterior q on a few test
-    questions, ``settings.chains`` chains of max(samples, 100) draws (eval mode: attention noise
-    alone), and ``figures/attention.png``.
+    questions (``settings.chains`` chains of ``settings.diag_draws`` draws, eval mode: attention
+    noise alone) into ``folder/diagnostics``, and their picture, ``folder/figures/attention.png``.
 
     The quantity diagnosed is the attention each question word gets from the image grid: the
     guided attention averaged over the grid cells (queries), per layer, head and word. Its prior
@@ -177,10 +187,19 @@ def attention_report(model: VqaModel, data: EasyVqa, settings, folder: Path) -> 
     """
     split = data.test
     rows = diagnosed_questions(split, settings.diag_questions)
-    words = split.question_words(rows)
-    valid = words != 0  # [Q, L]
-    inputs = (words, None, grid_features(model, split, settings.eval_batch)[split.image_index[rows]])
-    layers = guided_attention_sites(model)
+    model.eval()
+    with torch.no_grad():
+        inputs = (split.question_words(rows), None, model.network.image_features(split.question_images(rows)))
+    posterior, prior = guided_attention_chains(model, inputs, settings)
+    tokens = [tokenize(split.questions[r]) for r in rows.tolist()]
+    write_diagnostics(posterior, prior, rows, tokens, settings, folder / "diagnostics")
+    draw_questions(model, data, rows, inputs, posterior, prior, settings, folder / "figures" / "attention.png")
+
+
+def guided_attention_chains(model: VqaModel, inputs: tuple, settings) -> tuple[list[dict], list[dict]]:
+    """Per chain (its own seed), layer -> guided attention ``[draws, heads, questions, words]``
+    averaged over the grid cells (NaN at padding), for the posterior and for the prior."""
+    valid = inputs[0] != 0  # [Q, L]
 
     def grid_average(weights: torch.Tensor) -> torch.Tensor:  # [draws, Q, H, G, L] -> [draws, H, Q, L]
         return weights.double().mean(-2).transpose(1, 2).masked_fill(~valid, math.nan)
@@ -189,43 +208,55 @@ def attention_report(model: VqaModel, data: EasyVqa, settings, folder: Path) -> 
     for chain in range(settings.chains):
         seed_everything(1000 + chain)
         with torch.no_grad():
-            draws = predictive_draws(model, inputs, max(settings.samples, 100), layers=layers, with_prior=True,
-                                     select_attention=grid_average, chunk_size=settings.chunk)
+            draws = predictive_draws(model, inputs, settings.diag_draws, layers=guided_attention_sites(model),
+                                     with_prior=True, select_attention=grid_average, chunk_size=settings.chunk)
         posterior.append({layer: w.numpy() for layer, w in draws.attention.items()})
         prior.append({layer: (p / p.nansum(-1, keepdim=True)).numpy() for layer, p in draws.prior_location.items()})
+    return posterior, prior
+
+
+def write_diagnostics(posterior: list[dict], prior: list[dict], rows: torch.Tensor, tokens: list[list[str]],
+                      settings, out: Path) -> None:
+    """``attention.nc`` (ArviZ), ``attention-summary.csv`` (mean, sd, HDI, ESS, R-hat of every
+    layer, head, question and word) and ``attention-diagnostics.json`` (the worst ESS and R-hat)."""
     idata = attention_inference_data(posterior, queries=rows.tolist(), prior_chains=prior)
-    out = folder / "diagnostics"
     out.mkdir(parents=True, exist_ok=True)
     idata.to_netcdf(out / "attention.nc")
     summary = attention_summary(idata)
-    tokens = [tokenize(split.questions[r]) for r in rows.tolist()]
-    by_row = dict(zip(rows.tolist(), tokens))
-    summary.insert(0, "word", [by_row[q][k] for q, k in zip(summary.index.get_level_values("query"), summary.index.get_level_values("key"))])
+    words = dict(zip(rows.tolist(), tokens))
+    index = zip(summary.index.get_level_values("query"), summary.index.get_level_values("key"))
+    summary.insert(0, "word", [words[question][position] for question, position in index])
     summary.to_csv(out / "attention-summary.csv")
-    info = dict(chains=settings.chains, draws=max(settings.samples, 100), questions=rows.tolist(),
-                texts=[split.questions[r] for r in rows.tolist()], entries=len(summary),
-                constant_entries=summary.attrs["constant_entries"],
+    info = dict(chains=settings.chains, draws=settings.diag_draws, questions=rows.tolist(),
+                texts=[" ".join(t) for t in tokens], entries=len(summary), constant_entries=summary.attrs["constant_entries"],
                 ess_bulk_min=float(summary["ess_bulk"].min()), r_hat_max=float(summary["r_hat"].max()))
     (out / "attention-diagnostics.json").write_text(json.dumps(info, indent=1))
 
-    last = layers[-1]
-    attention = np.concatenate([chain[last] for chain in posterior]).mean(1)  # [draws, Q, L], heads averaged
+
+def draw_questions(model: VqaModel, data: EasyVqa, rows: torch.Tensor, inputs: tuple, posterior: list[dict],
+                   prior: list[dict], settings, path: Path) -> Path:
+    """The picture of the diagnosed questions (see :func:`analysis.vqa_figures.attention_picture`):
+    the last guided-attention layer's draws (heads averaged), its prior, the image reduction's
+    weights of the posterior-mean pass, and ``settings.diag_draws`` answer draws in ``full`` mode
+    (the uncertainty PAvPU scores)."""
+    split, last = data.test, guided_attention_sites(model)[-1]
+    attention = np.concatenate([chain[last] for chain in posterior]).mean(1)  # [draws, Q, L]
     prior_weights = np.concatenate([chain[last] for chain in prior]).mean((0, 1))  # [Q, L]
     seed_everything(settings.seed)
     with torch.no_grad():
-        answer_draws = predictive_draws(model, inputs, max(settings.samples, 2), dropout=True, chunk_size=settings.chunk).probs.double()
+        answers = predictive_draws(model, inputs, settings.diag_draws, dropout=True, chunk_size=settings.chunk).probs.double()
         model.eval()
-        image_weights = model.network.outputs(*inputs).image_weights
-    pvalues = top_two_pvalues(answer_draws / answer_draws.sum(-1, keepdim=True))
-    grid = settings.grid
-    views = [
-        QuestionView(
-            image=split.question_images(rows[q : q + 1])[0].permute(1, 2, 0).numpy(), question=split.questions[r],
-            words=tokens[q], attention_draws=attention[:, q, : len(tokens[q])], prior=prior_weights[q, : len(tokens[q])],
-            answer_draws=answer_draws[:, q].numpy(), answers=data.answers, truth=int(split.answers[r]),
-            pvalue=float(pvalues[q]), image_weights=image_weights[q].reshape(grid, grid).numpy(),
-        )
-        for q, r in enumerate(rows.tolist())
-    ]
-    title = f"{settings.variant}, seed {settings.seed}: guided attention (layer {last}) and answers"
-    attention_picture(views, folder / "figures" / "attention.png", title=title)
+        image_weights = model.network.outputs(*inputs).image_weights.reshape(len(rows), settings.grid, settings.grid)
+    answers = answers / answers.sum(-1, keepdim=True)
+    pvalues = top_two_pvalues(answers)
+    views = []
+    for q, row in enumerate(rows.tolist()):
+        length = int((inputs[0][q] != 0).sum())
+        views.append(QuestionView(
+            image=split.question_images(rows[q : q + 1])[0].permute(1, 2, 0).numpy(), question=split.questions[row],
+            words=tokenize(split.questions[row]), attention_draws=attention[:, q, :length], prior=prior_weights[q, :length],
+            answer_draws=answers[:, q].numpy(), answers=data.answers, truth=int(split.answers[row]),
+            pvalue=float(pvalues[q]), image_weights=image_weights[q].numpy(),
+        ))
+    title = f"{settings.variant}, seed {settings.seed}: guided attention of {last}; answers with MC dropout and attention noise"
+    return attention_picture(views, path, title=title)

@@ -1,6 +1,7 @@
 """A small MCAN (Yu et al. 2019; BAM paper appendix B.2) with Bayesian attention in every layer.
 
-    image  [B, 3, 64, 64] uint8 -- CNN -------> grid features [B, G, C]  (standardized per cell)
+    image  [B, 3, 64, 64] uint8 -- CNN -------> grid features [B, G, C]  (standardized per cell),
+           projected to d, plus a learned embedding of each cell's position
     words  [B, L] -- embedding -- LSTM -------> question       [B, L, d]
     encoder: self-attention (SA) layers over the question (key padding mask)
     decoder: per layer, SA over the image grid, then guided attention (GA): the grid's cells are
@@ -50,8 +51,9 @@ class McanSizes:
         for name in ("hidden", "heads", "encoder_layers", "decoder_layers", "embedding"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.features < 4:
-            raise ValueError(f"features must be >= 4 (the CNN's first layer has features / 4 channels), got {self.features}")
+        if self.features < 16 or self.features % 16:
+            raise ValueError(f"features must be a multiple of 16 (the CNN's first layer has features / 4 channels, "
+                             f"in groups of 4), got {self.features}")
         if self.hidden % self.heads:
             raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}")
         if self.grid not in (4, 8, 16):
@@ -63,9 +65,12 @@ class McanSizes:
 class ImageEncoder(nn.Module):
     """uint8 images ``[B, 3, 64, 64]`` -> grid features ``[B, grid * grid, features]``.
 
-    Stride-2 convolutions (``features / 4``, ``/ 2``, then ``features`` channels) halve the image
-    down to the grid, a last 3x3 convolution widens each cell's view; each cell's features are standardized (LayerNorm without affine parameters), so
-    that their scale is fixed and the variance of the noisy-data experiment is relative to it.
+    Stride-2 convolutions (``features / 4``, ``/ 2``, then ``features`` channels, each followed by
+    GroupNorm over groups of 4 channels and a ReLU) halve the image down to the grid, a last 3x3
+    convolution widens each cell's view; each cell's features are standardized (LayerNorm without
+    affine parameters), so that their scale is fixed and the variance of the noisy-data experiment
+    is relative to it. GroupNorm normalizes each image by itself: unlike batch statistics, the
+    features stay the same function of the image in training and eval mode.
     """
 
     def __init__(self, features: int, grid: int) -> None:
@@ -73,7 +78,7 @@ class ImageEncoder(nn.Module):
         layers: list[nn.Module] = []
         channels = 3
         for width in (features // 4, features // 2, features, features)[: (64 // grid).bit_length() - 1]:
-            layers += [nn.Conv2d(channels, width, 3, stride=2, padding=1), nn.ReLU()]
+            layers += [nn.Conv2d(channels, width, 3, stride=2, padding=1), nn.GroupNorm(width // 4, width), nn.ReLU()]
             channels = width
         layers.append(nn.Conv2d(channels, features, 3, padding=1))
         self.convolutions = nn.Sequential(*layers)
@@ -179,6 +184,7 @@ class VqaNetwork(nn.Module):
         self.sizes = sizes
         self.image_encoder = ImageEncoder(sizes.features, sizes.grid)
         self.image_projection = nn.Linear(sizes.features, sizes.hidden)
+        self.cell_embedding = nn.Parameter(0.02 * torch.randn(sizes.grid**2, sizes.hidden))  # where each cell is
         self.embedding = nn.Embedding(vocabulary_size, sizes.embedding, padding_idx=0)
         self.lstm = nn.LSTM(sizes.embedding, sizes.hidden, batch_first=True)
         self.encoder = nn.ModuleList(SelfAttentionLayer(sizes, config) for _ in range(sizes.encoder_layers))
@@ -210,7 +216,7 @@ class VqaNetwork(nn.Module):
         question = question.expand(*features.shape[:-3], *question.shape)  # the draws' own dropout
         for layer in self.encoder:
             question = layer(question, mask)
-        image = self.image_projection(features)
+        image = self.image_projection(features) + self.cell_embedding
         for layer in self.decoder:
             image = layer(image, question, mask)
         question_vector, question_weights = self.question_reduction(question, mask)

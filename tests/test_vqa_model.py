@@ -10,7 +10,7 @@ from bam_pyro import AttentionGuide, BamConfig, BamModel, ObjectiveConfig
 from bam_pyro.predictive import predictive_draws
 from models.vqa import AttentionSublayer, McanSizes, build_vqa_model, guided_attention_sites
 
-SIZES = McanSizes(hidden=16, heads=2, encoder_layers=1, decoder_layers=2, embedding=8, features=8, grid=4, dropout=0.1)
+SIZES = McanSizes(hidden=16, heads=2, encoder_layers=1, decoder_layers=2, embedding=8, features=16, grid=4, dropout=0.1)
 WC = BamConfig("wc", k=1.0, beta=1e-2, d_mid=4)  # k = 1: noise large enough to see
 
 
