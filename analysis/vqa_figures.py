@@ -48,7 +48,8 @@ def noise_sweep_figure(results: pd.DataFrame, path: Path, threshold: float = 0.0
         for variant in variants:
             group = rows[rows["variant"] == variant]
             stats = group.groupby("variance")["value"].agg(["mean", "std", "count"])
-            line, = ax.plot(stats.index, stats["mean"], marker="o", ms=4, label=f"{variant} ({stats['count'].max()} seeds)")
+            seeds = stats["count"].max()
+            line, = ax.plot(stats.index, stats["mean"], marker="o", ms=4, label=f"{variant} ({seeds} seed{'s' if seeds > 1 else ''})")
             ax.fill_between(stats.index, stats["mean"] - stats["std"].fillna(0), stats["mean"] + stats["std"].fillna(0),
                             color=line.get_color(), alpha=0.15, lw=0)
         ax.set(xlabel="variance of the feature noise", ylabel=label)
@@ -102,7 +103,7 @@ def attention_picture(views: Sequence[QuestionView], path: Path, title: str = ""
     for (image_ax, word_ax, answer_ax), view in zip(axes, views):
         image_ax.imshow(spotlight(view.image, view.image_weights))
         image_ax.set(xticks=[], yticks=[])
-        image_ax.set_title(f"cells dimmed by the answer's reduction weight\n(max {view.image_weights.max():.2f})", fontsize=8)
+        image_ax.set_title(f"grid cells lit by the image reduction's weight\n(largest {view.image_weights.max():.2f})", fontsize=8)
 
         x = np.arange(len(view.words))
         mean = view.attention_draws.mean(0)

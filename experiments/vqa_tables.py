@@ -65,11 +65,11 @@ def table2_paired(results: pd.DataFrame) -> pd.DataFrame:
     with its 95% interval, beside the paper's differences."""
     differences, pairs = {}, None
     for heading, column in TABLE2.items():
-        if column in results:
-            paired = paired_difference(results, ["dataset"], column).droplevel("dataset")
-            differences[f"{heading} - soft"] = paired[column]
-            pairs = paired["n"] if pairs is None else pairs
-    if pairs is None or pairs.empty:
+        paired = paired_difference(results, ["dataset"], column) if column in results else pd.DataFrame()
+        if not paired.empty:  # empty without soft, or without another variant
+            differences[f"{heading} - soft"] = paired.droplevel("dataset")[column]
+            pairs = paired.droplevel("dataset")["n"] if pairs is None else pairs
+    if pairs is None:
         return pd.DataFrame()
     table = pd.DataFrame(differences)
     table.insert(0, "pairs", pairs)

@@ -170,10 +170,17 @@ def noise_sweep(model: VqaModel, split: VqaSplit, clean: torch.Tensor, noise: to
 
 
 def diagnosed_questions(split: VqaSplit, count: int) -> torch.Tensor:
-    """``count`` test questions: the first of each answer type, then the next ones in order."""
-    firsts = [int((split.answer_types == t).nonzero()[0]) for t in range(len(ANSWER_TYPES)) if (split.answer_types == t).any()]
-    rest = [r for r in range(len(split)) if r not in firsts]
-    return torch.tensor((firsts + rest)[:count])
+    """``count`` test questions on as many different images: first one of each answer type, then
+    the next ones in order."""
+    chosen, images, types = [], set(), set()
+    for wanted_new_type in (True, False):
+        for row in range(len(split)):
+            image, kind = int(split.image_index[row]), int(split.answer_types[row])
+            if len(chosen) < count and image not in images and (kind not in types or not wanted_new_type):
+                chosen.append(row)
+                images.add(image)
+                types.add(kind)
+    return torch.tensor(sorted(chosen))
 
 
 def attention_report(model: VqaModel, data: EasyVqa, settings, folder: Path) -> None:
@@ -191,8 +198,7 @@ def attention_report(model: VqaModel, data: EasyVqa, settings, folder: Path) -> 
     with torch.no_grad():
         inputs = (split.question_words(rows), None, model.network.image_features(split.question_images(rows)))
     posterior, prior = guided_attention_chains(model, inputs, settings)
-    tokens = [tokenize(split.questions[r]) for r in rows.tolist()]
-    write_diagnostics(posterior, prior, rows, tokens, settings, folder / "diagnostics")
+    write_diagnostics(posterior, prior, rows, [split.questions[r] for r in rows.tolist()], settings, folder / "diagnostics")
     draw_questions(model, data, rows, inputs, posterior, prior, settings, folder / "figures" / "attention.png")
 
 
@@ -215,7 +221,7 @@ def guided_attention_chains(model: VqaModel, inputs: tuple, settings) -> tuple[l
     return posterior, prior
 
 
-def write_diagnostics(posterior: list[dict], prior: list[dict], rows: torch.Tensor, tokens: list[list[str]],
+def write_diagnostics(posterior: list[dict], prior: list[dict], rows: torch.Tensor, questions: list[str],
                       settings, out: Path) -> None:
     """``attention.nc`` (ArviZ), ``attention-summary.csv`` (mean, sd, HDI, ESS, R-hat of every
     layer, head, question and word) and ``attention-diagnostics.json`` (the worst ESS and R-hat)."""
@@ -223,12 +229,12 @@ def write_diagnostics(posterior: list[dict], prior: list[dict], rows: torch.Tens
     out.mkdir(parents=True, exist_ok=True)
     idata.to_netcdf(out / "attention.nc")
     summary = attention_summary(idata)
-    words = dict(zip(rows.tolist(), tokens))
+    words = {row: tokenize(question) for row, question in zip(rows.tolist(), questions)}
     index = zip(summary.index.get_level_values("query"), summary.index.get_level_values("key"))
     summary.insert(0, "word", [words[question][position] for question, position in index])
     summary.to_csv(out / "attention-summary.csv")
     info = dict(chains=settings.chains, draws=settings.diag_draws, questions=rows.tolist(),
-                texts=[" ".join(t) for t in tokens], entries=len(summary), constant_entries=summary.attrs["constant_entries"],
+                texts=questions, entries=len(summary), constant_entries=summary.attrs["constant_entries"],
                 ess_bulk_min=float(summary["ess_bulk"].min()), r_hat_max=float(summary["r_hat"].max()))
     (out / "attention-diagnostics.json").write_text(json.dumps(info, indent=1))
 
@@ -258,5 +264,6 @@ def draw_questions(model: VqaModel, data: EasyVqa, rows: torch.Tensor, inputs: t
             answer_draws=answers[:, q].numpy(), answers=data.answers, truth=int(split.answers[row]),
             pvalue=float(pvalues[q]), image_weights=image_weights[q].numpy(),
         ))
-    title = f"{settings.variant}, seed {settings.seed}: guided attention of {last}; answers with MC dropout and attention noise"
+    title = (f"{settings.variant}, seed {settings.seed}: the last guided-attention layer (q's draws, eval mode); "
+             "answers drawn with MC dropout and attention noise")
     return attention_picture(views, path, title=title)

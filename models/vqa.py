@@ -18,7 +18,10 @@ directly (``features=``): posterior draws compute them once per image, and the n
 experiment adds its noise to them. Leading sample dims of the features (Predictive's vectorized
 draws expand floating-point inputs, see :mod:`bam_pyro.predictive`) broadcast through every layer;
 the question, computed from integer word indices, is broadcast to them before its first random
-operation, so that every draw has its own dropout masks.
+operation, so that every draw has its own dropout masks. MC-dropout draws therefore need a
+floating-point image input: the grid features, or pixels as floats (the CNN then runs per draw);
+uint8 images are integers, which Predictive does not expand, so the draws of one vectorized pass
+would share their dropout masks.
 """
 
 from __future__ import annotations
@@ -85,11 +88,19 @@ class ImageEncoder(nn.Module):
         self.standardize = nn.LayerNorm(features, elementwise_affine=False)
 
     def forward(self, images: Tensor) -> Tensor:
-        if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
-            raise ValueError(f"images must be uint8 [batch, 3, height, width], got {images.dtype} {tuple(images.shape)}")
-        pixels = images.float() / 255.0 - 0.5
-        grid = self.convolutions(pixels).flatten(2).transpose(1, 2)  # [B, cells, features]
-        return self.standardize(grid)
+        """``images``: uint8 ``[B, 3, H, W]``, or float pixels in [0, 1] ``[..., B, 3, H, W]`` whose
+        leading dims (Predictive's draws expand floating-point inputs) are kept."""
+        if images.dtype == torch.uint8 and images.dim() == 4:
+            pixels = images.float() / 255.0
+        elif images.is_floating_point() and images.dim() >= 4:
+            pixels = images
+        else:
+            raise ValueError(f"images must be uint8 [batch, 3, height, width] or float [..., batch, 3, height, width], "
+                             f"got {images.dtype} {tuple(images.shape)}")
+        if pixels.shape[-3] != 3:
+            raise ValueError(f"images must have 3 colour channels before height and width, got shape {tuple(images.shape)}")
+        grid = self.convolutions(pixels.flatten(0, -4) - 0.5).flatten(2).transpose(1, 2)  # [N, cells, features]
+        return self.standardize(grid).unflatten(0, pixels.shape[:-3])
 
 
 class FeedForward(nn.Sequential):

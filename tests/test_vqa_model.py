@@ -86,22 +86,46 @@ def test_posterior_mean_is_soft_attention_with_the_same_weights():
     assert not torch.allclose(draws[0], soft.network(words, images).softmax(-1), atol=1e-3)
 
 
-@pytest.mark.parametrize("variant, dropout", [("soft", True), ("wc", False), ("wc", True)])
-def test_vectorized_draws_carry_their_own_noise(variant, dropout):
-    """Predictive's draws of one vectorized pass differ (MC dropout needs the grid features as the
-    floating-point input that gets the sample dims); the guided attention's draws are recorded."""
+@pytest.mark.parametrize("variant, dropout, image_input", [
+    ("soft", True, "features"), ("soft", True, "pixels"), ("wc", False, "features"), ("wc", True, "features"),
+])
+def test_vectorized_draws_carry_their_own_noise(variant, dropout, image_input):
+    """Predictive's draws of one vectorized pass differ (MC dropout needs a floating-point image
+    input to get the draws' dimension: grid features, or float pixels through the CNN); the guided
+    attention's draws are recorded and give padded words zero weight."""
     model = build_vqa_model(10, 5, WC if variant == "wc" else BamConfig("soft"), sizes=SIZES)
     words, images = batch([[3, 4, 0], [6, 7, 8], [5, 0, 0]])
-    features = model.network.image_features(images).detach()
+    if image_input == "features":
+        inputs = (words, None, model.network.image_features(images).detach())
+    else:
+        inputs = (words, images.float() / 255)
     layers = guided_attention_sites(model) if variant == "wc" else []
     with torch.no_grad():
-        draws = predictive_draws(model, (words, None, features), 6, dropout=dropout, layers=layers, chunk_size=6)
+        draws = predictive_draws(model, inputs, 6, dropout=dropout, layers=layers, chunk_size=6)
     assert draws.probs.shape == (6, 3, 5)
     assert (draws.probs.std(0) > 1e-4).any(-1).all()  # every question's answer varies over the draws
     for name in layers:
         weights = draws.attention[name]
         assert weights.shape == (6, 3, SIZES.heads, 16, 3)
         assert torch.all(weights[:, 0, ..., 2] == 0) and torch.all(weights[:, 2, ..., 1:] == 0)
+
+
+def test_the_question_gets_the_draws_dimension_before_its_dropout():
+    """Only the image features carry the draws' dimension into the network; the question branch
+    (from integer words) must take it on before the encoder's dropout, or the draws would share it."""
+    network = build_vqa_model(10, 5, BamConfig("soft"), sizes=SIZES).network.train()
+    words, images = batch([[3, 4, 0], [6, 7, 8]])
+    features = network.image_features(images).detach().expand(5, 2, 16, 16)
+    weights = network.outputs(words, features=features).question_weights  # from the encoder alone
+    assert weights.shape == (5, 2, 3)
+    assert not torch.allclose(weights[0], weights[1])
+
+
+def test_float_pixels_give_the_features_of_uint8_images():
+    network = build_vqa_model(10, 5, WC, sizes=SIZES).network
+    images = batch([[1], [2]])[1]
+    expanded = (images.float() / 255).expand(4, 2, 3, 64, 64)
+    torch.testing.assert_close(network.image_features(expanded), network.image_features(images).expand(4, 2, 16, 16))
 
 
 def test_grid_features_are_standardized_per_cell():
@@ -118,8 +142,8 @@ def test_bad_network_inputs_are_named():
     words, images = batch([[3, 4], [5, 0]])
     with pytest.raises(ValueError, match="exactly one"):
         network(words, images, features=network.image_features(images))
-    with pytest.raises(ValueError, match="images must be uint8"):
-        network(words, images.float())
+    with pytest.raises(ValueError, match="images must be uint8 .* or float"):
+        network(words, images.long())
     with pytest.raises(ValueError, match="at least one word"):
         network(torch.tensor([[3, 4], [0, 0]]), images)
     with pytest.raises(ValueError, match="divisible"):

@@ -119,6 +119,8 @@ def test_table2_layout_pairs_each_figure_with_soft():
     assert paired.loc["wc", "paper - soft"] == "+0.07 / +1.64 / +1.17 / +1.41"
     assert list(found["noise-sweep"]["variance"][:3]) == [0, 1, 5]
     assert TASK.tables is tables
+    alone = tables(results_table().query("variant == 'wc'"))  # a sweep of one variant: nothing to pair
+    assert "table2-paired" not in alone and alone["table2"]["variant"].tolist() == ["wc"]
 
 
 def test_noise_sweep_figure_and_attention_picture(tmp_path):
