@@ -2,7 +2,8 @@
 and appendix B.2), one SVI run per (variant, seed).
 
     python -m experiments.vqa --variant soft wc --seeds 0 1 2 --out runs/vqa
-    python -m experiments.vqa --variant soft lf lc wf wc --seeds 0 --samples 20 --noise-sweep 0,1,2,5,10
+    python -m experiments.vqa --variant lf lc wf --seeds 0 --out runs/vqa      # the other variants, same folder
+    python -m experiments.collect runs/vqa --out runs/vqa                        # the tables and figures again
 
 Every self- and guided-attention layer is Bayesian (``models.vqa``); presets hold the paper's VQA
 hyperparameters, each overridable. A run trains with early stopping on the validation images (a
@@ -12,10 +13,10 @@ fixed fifth of the training images) and scores the kept model on the test set:
   answer type (yes/no, shape, colour; the paper's Table 7), on clean and on noisy image features
   (Gaussian noise of variance ``--noise-variance``, 5 as in the paper, added to the CNN's
   standardized grid features at test time only);
-- uncertainty of ``--samples`` posterior draws (PAvPU at p < 0.01, 0.05, 0.1, ECE, NLL, ...), in
-  two sampling modes (see :mod:`experiments.vqa_uncertainty`): ``full`` (MC dropout, and for BAM the
-  attention noise too: the paper's uncertainty for both) and ``attention`` (BAM's attention noise
-  alone);
+- uncertainty of ``--samples`` posterior draws (PAvPU at p < 0.01, 0.05, 0.1, ECE, NLL, ...) of
+  ``--uncertainty-questions`` test questions (a fixed random subset; 0: all), in two sampling modes
+  (see :mod:`experiments.vqa_uncertainty`): ``full`` (MC dropout, and for BAM the attention noise
+  too: the paper's uncertainty for both) and ``attention`` (BAM's attention noise alone);
 - accuracy and PAvPU against the noise variance (``--noise-sweep``);
 - for BAM with a prior, on seed ``--diagnostics-seed``: ArviZ diagnostics of the guided attention's
   posterior on a few test questions and a picture of them (image, attention, answer uncertainty).

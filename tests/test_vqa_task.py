@@ -135,3 +135,16 @@ def test_noise_sweep_figure_and_attention_picture(tmp_path):
                         answer_draws=np.random.default_rng(1).dirichlet(np.ones(13), 20), answers=[str(a) for a in range(13)],
                         truth=3, pvalue=0.2, image_weights=weights)
     assert attention_picture([view, view], tmp_path / "attention.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--noise-sweep", "1,x"], "noise_sweep must be comma-separated numbers, got '1,x'"),
+    (["--noise-sweep", "2,-1"], "noise_sweep must be a list of finite variances >= 0"),
+    (["--grid", "5"], "grid must be 4, 8 or 16"),
+    (["--samples", "1"], "samples must be 0 or at least 2"),
+    (["--features", "24"], "features must be a multiple of 16"),
+])
+def test_bad_settings_end_the_command_with_one_line(option, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        experiments.vqa.main([*option, "--out", str(tmp_path)])
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
