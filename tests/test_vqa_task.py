@@ -75,7 +75,6 @@ def test_feature_noise_reaches_the_test_data_only(few, tmp_path, monkeypatch):
     assert args[1].dtype == torch.uint8 and set(targets) == {"answers"}  # raw images: nothing added
 
 
-@pytest.mark.slow  # a minute of sampling and diagnostics; run with make test-slow
 def test_uncertainty_sweep_and_attention_report(few, tmp_path):
     chosen = settings("wc", max_epochs=1, samples=3, chunk=100, chains=2, diag_questions=3, diag_draws=100,
                       noise_sweep="1", uncertainty_questions=40, k=10.0)  # k = 1000 (the preset): too few distinct floats
