@@ -19,11 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
 from typing import Any, Callable, Optional
 
-from experiments.benchmarks.process import RETURN_FREED_BLOCKS, in_fresh_process, reset_peak, resident_mb
+from experiments.benchmarks.process import RETURN_FREED_BLOCKS, in_fresh_process, interleaved_step_ms, two_step_peak_mb
 from experiments.runner import whole_number
 from models.transformers_bam import DEFAULT_MODEL, resolve_pretrained
 
@@ -51,20 +49,11 @@ def _training_step(variant: str, model: str, batch: int, length: int, k: float) 
 
 
 def measure_time(variants: list[str], model: str, batch: int, length: int, steps: int, warmup: int, threads: int, k: float) -> dict[str, float]:
-    """Median step time (ms) of each variant over ``steps`` steps after ``warmup``, the variants
-    taking their steps in turn so that they share the machine's conditions."""
+    """Median step time (ms) of each variant, the variants taking their steps in turn."""
     import torch
 
     torch.set_num_threads(threads)
-    step_of = {variant: _training_step(variant, model, batch, length, k) for variant in variants}
-    times: dict[str, list[float]] = {variant: [] for variant in variants}
-    for step in range(warmup + steps):
-        for variant, training_step in step_of.items():
-            start = time.perf_counter()
-            training_step()
-            if step >= warmup:
-                times[variant].append(1000 * (time.perf_counter() - start))
-    return {variant: statistics.median(t) for variant, t in times.items()}
+    return interleaved_step_ms({v: _training_step(v, model, batch, length, k) for v in variants}, steps, warmup)
 
 
 def measure_memory(variant: str, model: str, batch: int, length: int, threads: int, k: float) -> dict[str, float]:
@@ -72,13 +61,7 @@ def measure_memory(variant: str, model: str, batch: int, length: int, threads: i
     import torch
 
     torch.set_num_threads(threads)
-    base = resident_mb()
-    reset_peak()
-    training_step = _training_step(variant, model, batch, length, k)
-    for _ in range(2):
-        training_step()
-    peak = resident_mb("VmHWM")
-    return {"peak_mb": peak - base, "rss_mb": peak}
+    return two_step_peak_mb(lambda: _training_step(variant, model, batch, length, k))
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:

@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from typing import Any, Callable, Optional
 
-from experiments.benchmarks.process import RETURN_FREED_BLOCKS, in_fresh_process, reset_peak, resident_mb
+from experiments.benchmarks.process import RETURN_FREED_BLOCKS, in_fresh_process, interleaved_step_ms, two_step_peak_mb
 from experiments.runner import whole_number
 
 #: JSON name -> task variant; ``soft`` is the baseline and ``bam`` the one the ratios compare; the
@@ -56,19 +54,12 @@ def _training_step(variant: str, preset: str, batch: int, length: int, vocab: in
 
 def measure_time(variants: list[str], preset: str, batch: int, length: int, vocab: int, steps: int, warmup: int,
                  threads: int) -> dict[str, float]:
-    """Median step time (ms) of each variant over ``steps`` steps after ``warmup``, taken in turn."""
+    """Median step time (ms) of each variant, the variants taking their steps in turn."""
     import torch
 
     torch.set_num_threads(threads)
     step_of = {variant: _training_step(variant, preset, batch, length, vocab) for variant in variants}
-    times: dict[str, list[float]] = {variant: [] for variant in variants}
-    for step in range(warmup + steps):
-        for variant, training_step in step_of.items():
-            start = time.perf_counter()
-            training_step()
-            if step >= warmup:
-                times[variant].append(1000 * (time.perf_counter() - start))
-    return {variant: statistics.median(t) for variant, t in times.items()}
+    return interleaved_step_ms(step_of, steps, warmup)
 
 
 def measure_memory(variant: str, preset: str, batch: int, length: int, vocab: int, threads: int) -> float:
@@ -78,12 +69,7 @@ def measure_memory(variant: str, preset: str, batch: int, length: int, vocab: in
     import experiments.nmt  # noqa: F401  (imports are not the step's memory)
 
     torch.set_num_threads(threads)
-    base = resident_mb()
-    reset_peak()
-    training_step = _training_step(variant, preset, batch, length, vocab)
-    for _ in range(2):
-        training_step()
-    return resident_mb("VmHWM") - base
+    return two_step_peak_mb(lambda: _training_step(variant, preset, batch, length, vocab))["peak_mb"]
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:

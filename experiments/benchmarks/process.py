@@ -1,4 +1,5 @@
-"""What the benchmarks share: running a measurement in a fresh process, and reading its memory.
+"""What the benchmarks share: running a measurement in a fresh process, timing training steps taken
+in turn, and reading memory.
 
 CPU torch keeps no allocator statistics, so memory is read from the kernel (Linux ``/proc``). A
 fresh process per measurement makes a process's peak its own; with ``RETURN_FREED_BLOCKS`` glibc
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import statistics
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -41,3 +44,28 @@ def resident_mb(field: str = "VmRSS") -> float:
 def reset_peak() -> None:
     """Lower the resident peak (``VmHWM``) to the resident memory now."""
     Path("/proc/self/clear_refs").write_text("5")
+
+
+def interleaved_step_ms(step_of: dict[str, Callable[[], Any]], steps: int, warmup: int) -> dict[str, float]:
+    """Median time (ms) of each named step function over ``steps`` calls after ``warmup``, the
+    functions taking their steps in turn so that they share the machine's conditions."""
+    times: dict[str, list[float]] = {name: [] for name in step_of}
+    for step in range(warmup + steps):
+        for name, training_step in step_of.items():
+            start = time.perf_counter()
+            training_step()
+            if step >= warmup:
+                times[name].append(1000 * (time.perf_counter() - start))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def two_step_peak_mb(build_step: Callable[[], Callable[[], Any]]) -> dict[str, float]:
+    """Peak resident memory (MB) of building a training step and taking it twice, above the memory
+    before (``peak_mb``), and the peak itself (``rss_mb``)."""
+    base = resident_mb()
+    reset_peak()
+    training_step = build_step()
+    for _ in range(2):
+        training_step()
+    peak = resident_mb("VmHWM")
+    return {"peak_mb": peak - base, "rss_mb": peak}

@@ -19,11 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
-import time
 from typing import Any, Callable, Optional
 
-from experiments.benchmarks.process import RETURN_FREED_BLOCKS, in_fresh_process, reset_peak, resident_mb
+from experiments.benchmarks.process import RETURN_FREED_BLOCKS, in_fresh_process, interleaved_step_ms, two_step_peak_mb
 from experiments.runner import whole_number
 
 
@@ -47,8 +45,8 @@ def _training_step(variant: str, data, batch: int) -> Callable[[], float]:
 
 
 def measure_time(variants: list[str], batch: int, steps: int, warmup: int, threads: int, images: Optional[int]) -> dict[str, Any]:
-    """Median step time (ms) of each variant over ``steps`` steps after ``warmup``, the variants
-    taking their steps in turn; and the training split's size."""
+    """Median step time (ms) of each variant, the variants taking their steps in turn; and the
+    training split's size."""
     import torch
 
     from experiments.easy_vqa import load_easy_vqa
@@ -56,14 +54,7 @@ def measure_time(variants: list[str], batch: int, steps: int, warmup: int, threa
     torch.set_num_threads(threads)
     data = load_easy_vqa(train_images=images)
     step_of = {variant: _training_step(variant, data, batch) for variant in variants}
-    times: dict[str, list[float]] = {variant: [] for variant in variants}
-    for step in range(warmup + steps):
-        for variant, training_step in step_of.items():
-            start = time.perf_counter()
-            training_step()
-            if step >= warmup:
-                times[variant].append(1000 * (time.perf_counter() - start))
-    return {"train_questions": len(data.train), **{variant: statistics.median(t) for variant, t in times.items()}}
+    return {"train_questions": len(data.train), **interleaved_step_ms(step_of, steps, warmup)}
 
 
 def measure_memory(variant: str, batch: int, threads: int, images: Optional[int]) -> dict[str, float]:
@@ -74,13 +65,7 @@ def measure_memory(variant: str, batch: int, threads: int, images: Optional[int]
 
     torch.set_num_threads(threads)
     data = load_easy_vqa(train_images=images)
-    base = resident_mb()
-    reset_peak()
-    training_step = _training_step(variant, data, batch)
-    for _ in range(2):
-        training_step()
-    peak = resident_mb("VmHWM")
-    return {"peak_mb": peak - base, "rss_mb": peak}
+    return two_step_peak_mb(lambda: _training_step(variant, data, batch))
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
