@@ -5,7 +5,9 @@ holds the run's task, every setting, its metrics and its training history. Each 
 own record (atomically), so processes sharing a folder never overwrite each other's results;
 ``results.csv`` (one row per run) is rebuilt from the records under a file lock. A folder holds one
 setting per run: asking for a finished run, or resuming an unfinished one, with other settings is
-refused by name instead of passing one setting's result off as another's.
+refused by name instead of passing one setting's result off as another's. Several processes may
+run the same sweep into one folder (one per core or GPU): each run is claimed by one of them
+(:meth:`RunFolder.claimed`), the others go on to the next run.
 """
 
 from __future__ import annotations
@@ -98,6 +100,21 @@ class RunFolder:
             raise SettingsMismatch(f"{self.run_dir(name)} holds a finished run with other settings: "
                                    f"{'; '.join(differing)}. Choose another --out for the new settings.")
         return True
+
+    @contextmanager
+    def claimed(self, name: str) -> Iterator[bool]:
+        """Hold run ``name`` for this process while the block runs: True if no other process holds
+        it, False if one does (it is training the run). An advisory lock on ``runs/<run>/.lock``
+        that the system lets go of however the holder ends, so a killed run is free to resume."""
+        path = self.run_dir(name)
+        path.mkdir(parents=True, exist_ok=True)
+        with open(path / ".lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
 
     def save(self, name: str, record: Mapping[str, Any]) -> Path:
         """Write a run's record atomically (a reader never sees half a file)."""

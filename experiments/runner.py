@@ -10,7 +10,8 @@ for every task:
 - the sweep over panels (data sets or tasks) x seeds x variants, paired by seed;
 - one record per run (:mod:`experiments.records`): finished runs are skipped, a finished or
   unfinished run asked for with other settings is refused by name, and an interrupted run resumes
-  from its checkpoint (written by epoch and every ``--checkpoint-minutes``);
+  from its checkpoint (written by epoch and every ``--checkpoint-minutes``); the same command
+  started in several processes shares the sweep out, each run trained by one of them;
 - the tables (mean ± std per variant, the paired difference to soft with its confidence
   interval, the paper's figure beside ours) as Markdown and CSV, and the paired-runs picture;
 - user errors (an invalid setting, a missing data file, a finished run with other settings) end
@@ -291,7 +292,14 @@ def run_sweep(task: Task, plan: Mapping[str, list[RunSettings]], folder: RunFold
         except (ValueError, FileNotFoundError) as error:
             parser.exit(2, f"{parser.prog}: error: {error}\n")
         for settings in runs:
-            record = train_one(task, settings, data, folder, args)
+            name = task.run_name(settings)
+            with folder.claimed(name) as ours:
+                if not ours:
+                    print(f"{name}: being trained by another process in {folder.out}, left to it", flush=True)
+                    continue
+                if folder.finished(name, task.name, settings.row()):  # by another process since the plan
+                    continue
+                record = train_one(task, settings, data, folder, args)
             shown = ", ".join(f"{m} {record['metrics'][m]:.4g}" for m in task.metrics_of(panel) if m in record["metrics"])
             print(f"{panel} {settings.variant} seed {settings.seed}: {shown} ({record['wall_seconds']:.0f}s)", flush=True)
     results = folder.write_results()

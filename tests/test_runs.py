@@ -114,6 +114,19 @@ def test_processes_finishing_at_once_lose_no_run(tmp_path):
     assert not list(tmp_path.glob(".results.csv.*")) and not list(tmp_path.glob("runs/*/.record*"))
 
 
+def test_a_run_another_process_is_training_is_left_to_it(tmp_path, capsys):
+    folder = RunFolder(tmp_path)
+    with folder.claimed("a-wc-seed0") as ours:  # a second open of the lock file, as another process's
+        assert ours
+        with folder.claimed("a-wc-seed0") as theirs:
+            assert not theirs
+        run_cli(TOY, ["--dataset", "a", "--variant", "soft", "wc", "--seeds", "0", "--out", str(tmp_path)])
+        assert "a-wc-seed0: being trained by another process" in capsys.readouterr().out
+        assert folder.record("a-wc-seed0") is None and folder.record("a-soft-seed0") is not None
+    run_cli(TOY, ["--dataset", "a", "--variant", "soft", "wc", "--seeds", "0", "--out", str(tmp_path)])  # released
+    assert folder.record("a-wc-seed0")["metrics"]["score"] == pytest.approx(2.5)
+
+
 def test_user_errors_end_with_one_line_and_status_2(tmp_path, capsys):
     for args, message in ((["--lr", "-1"], "lr must be a finite number > 0, got -1.0"),
                           (["--samples", "1"], "samples must be 0 or at least 2"),
