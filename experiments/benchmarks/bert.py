@@ -21,7 +21,9 @@ import json
 import os
 from typing import Any, Callable, Optional
 
-from experiments.benchmarks.process import RETURN_FREED_BLOCKS, in_fresh_process, interleaved_step_ms, two_step_peak_mb
+from experiments.benchmarks.process import (
+    RETURN_FREED_BLOCKS, in_fresh_process, interleaved_step_ms, soft_and_bam_figures, two_step_peak_mb,
+)
 from experiments.runner import whole_number
 from models.transformers_bam import DEFAULT_MODEL, resolve_pretrained
 
@@ -84,11 +86,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     )
     result = {
         "model": args.model, "batch": args.batch, "length": args.length, "threads": args.threads,
-        "soft_ms": round(soft["ms"], 1), "bam_ms": round(bam["ms"], 1),
-        "time_ratio": round(bam["ms"] / soft["ms"], 3),
-        "soft_peak_mb": round(soft["peak_mb"], 1), "bam_peak_mb": round(bam["peak_mb"], 1),
-        "mem_ratio": round(bam["peak_mb"] / soft["peak_mb"], 3),
-        "soft_rss_mb": round(soft["rss_mb"], 1), "bam_rss_mb": round(bam["rss_mb"], 1),
+        **soft_and_bam_figures(soft, bam),
     }
     print(json.dumps(result), flush=True)
     return result

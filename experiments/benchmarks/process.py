@@ -69,3 +69,15 @@ def two_step_peak_mb(build_step: Callable[[], Callable[[], Any]]) -> dict[str, f
         training_step()
     peak = resident_mb("VmHWM")
     return {"peak_mb": peak - base, "rss_mb": peak}
+
+
+def soft_and_bam_figures(soft: dict[str, float], bam: dict[str, float]) -> dict[str, float]:
+    """What a soft-vs-BAM benchmark prints of two measurements (``ms``, ``peak_mb``, ``rss_mb``):
+    each one's step time and peak memory, BAM's ratios to soft, and the resident peaks."""
+    return {
+        "soft_ms": round(soft["ms"], 1), "bam_ms": round(bam["ms"], 1),
+        "time_ratio": round(bam["ms"] / soft["ms"], 3),
+        "soft_peak_mb": round(soft["peak_mb"], 1), "bam_peak_mb": round(bam["peak_mb"], 1),
+        "mem_ratio": round(bam["peak_mb"] / soft["peak_mb"], 3),
+        "soft_rss_mb": round(soft["rss_mb"], 1), "bam_rss_mb": round(bam["rss_mb"], 1),
+    }
