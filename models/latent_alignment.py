@@ -43,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Optional, Protocol
+from typing import Callable, Iterable, Optional, Protocol
 
 import pyro
 import pyro.distributions as dist
@@ -56,6 +56,7 @@ from bam_pyro import BamModel, ObjectiveConfig
 
 from models.alignment_distributions import MaskedDirichlet, TokensGivenAlignment, dirichlet_concentration
 from models.alignment_elbo import AlignmentELBO
+from models.nmt import target_plates
 
 #: name of the latent alignment site (model and guide)
 ALIGNMENT = "alignment"
@@ -232,15 +233,9 @@ class LatentAlignmentModel(BamModel):
                 infer["baseline"] = {"baseline_value": baseline}
             return pyro.sample(TOKENS, tokens, obs=tgt_out, infer=infer)
 
-    @contextlib.contextmanager
-    def target_plates(self, tgt_mask: Tensor) -> Iterator[None]:
-        """Plates ``sentences`` (dim -2) x ``positions`` (dim -1) over the target tokens, padding masked
-        out and, under the ``mean`` reduction, every site weighted 1 / (number of target tokens)."""
-        scale = 1.0 / max(int(tgt_mask.sum()), 1) if self.objective.reduction == "mean" else 1.0
-        batch, length = tgt_mask.shape
-        with pyro.plate("sentences", batch, dim=-2), pyro.plate("positions", length, dim=-1), \
-                poutine.mask(mask=tgt_mask), poutine.scale(scale=scale):
-            yield
+    def target_plates(self, tgt_mask: Tensor) -> contextlib.AbstractContextManager[None]:
+        """The translation task's target plates (:func:`models.nmt.target_plates`)."""
+        return target_plates(tgt_mask, self.objective.reduction)
 
     @torch.no_grad()
     def soft_log_likelihood(self, states: Tensor, logits: Tensor, memory: Tensor, tokens: Tensor) -> Tensor:

@@ -271,6 +271,18 @@ class Seq2Seq(nn.Module):
         return self.generate(outputs.states, self.context(weights, memory))
 
 
+@contextlib.contextmanager
+def target_plates(tgt_mask: Tensor, reduction: str) -> Iterator[None]:
+    """Plates ``sentences`` (dim -2) x ``positions`` (dim -1) over the target tokens, padding masked
+    out and, under the ``mean`` reduction, each token weighted 1 / (number of tokens). Every model
+    of the translation task (soft/BAM and the latent alignments) scores its tokens inside these."""
+    scale = 1.0 / max(int(tgt_mask.sum()), 1) if reduction == "mean" else 1.0
+    batch, length = tgt_mask.shape
+    with pyro.plate("sentences", batch, dim=-2), pyro.plate("positions", length, dim=-1), \
+            poutine.mask(mask=tgt_mask), poutine.scale(scale=scale):
+        yield
+
+
 class Translator(BamModel):
     """Pyro model of target sentences given source sentences (see module doc)."""
 
@@ -279,15 +291,8 @@ class Translator(BamModel):
     def model(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, tgt_mask: Tensor, tgt_out: Optional[Tensor] = None) -> Tensor:
         return super().model(src, src_mask, tgt_in, tgt_mask, tgt_out=tgt_out, tgt_mask=tgt_mask)
 
-    @contextlib.contextmanager
-    def target_plates(self, tgt_mask: Tensor) -> Iterator[None]:
-        """Plates ``sentences`` (dim -2) x ``positions`` (dim -1) over the target tokens, padding
-        masked out and, under the ``mean`` reduction, each token weighted 1 / (number of tokens)."""
-        scale = 1.0 / max(int(tgt_mask.sum()), 1) if self.objective.reduction == "mean" else 1.0
-        batch, length = tgt_mask.shape
-        with pyro.plate("sentences", batch, dim=-2), pyro.plate("positions", length, dim=-1), \
-                poutine.mask(mask=tgt_mask), poutine.scale(scale=scale):
-            yield
+    def target_plates(self, tgt_mask: Tensor) -> contextlib.AbstractContextManager[None]:
+        return target_plates(tgt_mask, self.objective.reduction)
 
     def likelihood(self, logits: Tensor, tgt_out: Optional[Tensor] = None, tgt_mask: Optional[Tensor] = None) -> None:
         # a vectorized draw arrives as [*draws, 1, 1, B, T, V]: drop the two plate slots
