@@ -60,24 +60,33 @@ class DenseKeys:
     a mask, pass ``batch_shape``. The batch dims are part of a site's event: one sample site per
     attention call covers the whole batch (its KL is the sum over the batch either way), so the
     network needs no data plate around it and only the likelihood declares one.
+
+    ``query_mask`` (True = valid query, broadcasting to the entries, e.g. ``[B, 1, Lq, 1]``) leaves
+    padded queries (a padded target or question) out of the site: their rows carry no KL and do not
+    count in its mean. Each row is still normalized over its valid keys, so that no row is all
+    masked (which would push the normalization off its fast path); the caller ignores those rows.
     """
 
     recompute = True  # maps grow with the square of the length
 
-    def __init__(self, mask: Optional[Tensor] = None, batch_shape: torch.Size = torch.Size()) -> None:
-        if mask is not None:
-            if mask.dtype != torch.bool:
-                raise TypeError(f"attention mask must be boolean (True = valid key), got {mask.dtype}")
-            if mask.dim() < 3:
+    def __init__(self, mask: Optional[Tensor] = None, batch_shape: torch.Size = torch.Size(),
+                 query_mask: Optional[Tensor] = None) -> None:
+        for name, given in (("mask", mask), ("query_mask", query_mask)):
+            if given is None:
+                continue
+            if given.dtype != torch.bool:
+                raise TypeError(f"attention {name} must be boolean (True = valid), got {given.dtype}")
+            if given.dim() < 3:
                 raise ValueError(
-                    "attention mask must broadcast to [..., heads, queries, keys] "
-                    f"(at least 3 dims), got shape {tuple(mask.shape)}"
+                    f"attention {name} must broadcast to [..., heads, queries, keys] "
+                    f"(at least 3 dims), got shape {tuple(given.shape)}"
                 )
-            batch_shape = mask.shape[:-3]
-        self.mask = mask
-        #: the mask of the keys each query normalizes over (subclasses may mask more entries
-        #: in ``mask`` than they drop from the normalization)
+        #: the mask of the keys each query normalizes over
         self.key_mask = mask
+        #: the entries of the sample site: valid keys of valid queries
+        self.mask = mask if query_mask is None else query_mask if mask is None else mask & query_mask
+        if self.mask is not None:
+            batch_shape = self.mask.shape[:-3]
         self.batch_shape = torch.Size(batch_shape)
         self.event_dim = 3 + len(self.batch_shape)
 

@@ -16,8 +16,10 @@ class MultiHeadBayesianAttention(nn.Module):
     """Multi-head attention whose weights are Bayesian attention (self or cross attention).
 
     ``query``: ``[..., Lq, d_model]``; ``key``/``value``: ``[..., Lk, d_model]``;
-    ``key_padding_mask``: ``[..., Lk]`` boolean, True for valid keys. Returns ``[..., Lq, d_model]``
-    and the attention weights ``[..., heads, Lq, Lk]``.
+    ``key_padding_mask``: ``[..., Lk]`` boolean, True for valid keys; ``query_padding_mask``:
+    ``[..., Lq]``, True for valid queries (padded queries' rows carry no KL, see
+    :class:`~bam_pyro.axes.DenseKeys`; their outputs are the caller's to ignore). Returns
+    ``[..., Lq, d_model]`` and the attention weights ``[..., heads, Lq, Lk]``.
 
     ``batch_dims``: the number of data-batch dims before the length (1: ``[batch, length,
     features]``). They join the attention site's event (a mask carries them itself); dims before
@@ -51,19 +53,26 @@ class MultiHeadBayesianAttention(nn.Module):
         return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(-2, -3)
 
     def forward(
-        self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor] = None
+        self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor] = None,
+        query_padding_mask: Optional[Tensor] = None,
     ) -> tuple[Tensor, Tensor]:
         if key.shape[:-1] != value.shape[:-1]:
             raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} differ in length")
         q, k, v = self._heads(self.query_proj(query)), self._heads(self.key_proj(key)), self._heads(self.value_proj(value))
-        mask = None
+        mask = query_mask = None
         if key_padding_mask is not None:
             if key_padding_mask.shape[-1] != key.shape[-2]:
                 raise ValueError(
                     f"key_padding_mask has {key_padding_mask.shape[-1]} keys, key has {key.shape[-2]}"
                 )
             mask = key_padding_mask[..., None, None, :]
-        axis = DenseKeys(mask, batch_shape=key.shape[max(key.dim() - 2 - self.batch_dims, 0) : -2])
+        if query_padding_mask is not None:
+            if query_padding_mask.shape[-1] != query.shape[-2]:
+                raise ValueError(
+                    f"query_padding_mask has {query_padding_mask.shape[-1]} queries, query has {query.shape[-2]}"
+                )
+            query_mask = query_padding_mask[..., None, :, None]
+        axis = DenseKeys(mask, batch_shape=key.shape[max(key.dim() - 2 - self.batch_dims, 0) : -2], query_mask=query_mask)
         weights = self.attention(self.score(q, k), k.transpose(-2, -3), axis)
         out = self.dropout(weights) @ v  # [..., H, Lq, d]
         return self.out_proj(out.transpose(-2, -3).flatten(-2)), weights

@@ -124,16 +124,6 @@ class DecoderOutputs(NamedTuple):
     contexts: Tensor
 
 
-class PaddedQueries(DenseKeys):
-    """Dense ``[B, 1, T, S]`` attention whose padded queries (target padding) are left out of the
-    sample site: their entries carry no KL and do not count in its mean, while each query still
-    normalizes over its valid keys (an all-masked row would push the normalization off its fast path)."""
-
-    def __init__(self, key_mask: Tensor, query_mask: Tensor) -> None:
-        super().__init__(key_mask & query_mask)
-        self.key_mask = key_mask
-
-
 class LogSoftmaxCategorical(dist.Categorical):
     """``Categorical(logits=...)`` normalized by one fused ``log_softmax``.
 
@@ -249,7 +239,7 @@ class Seq2Seq(nn.Module):
     def attention_weights(self, scores: Tensor, memory: Memory, tgt_mask: Tensor) -> Tensor:
         """The Bayesian attention of all target steps in one call: scores ``[B, T, S]`` -> weights
         ``[*draws, B, T, S]`` (a Pyro site inside a model; soft in eval mode outside one)."""
-        axis = PaddedQueries(memory.mask[:, None, None, :], tgt_mask[:, None, :, None])
+        axis = DenseKeys(memory.mask[:, None, None, :], query_mask=tgt_mask[:, None, :, None])  # padded steps: no KL
         keys = memory.states.unsqueeze(-2)  # [B, S, heads=1, E]: the contextual prior's input
         return self.attention(scores.unsqueeze(-3), keys, axis).squeeze(-3)
 

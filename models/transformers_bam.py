@@ -73,13 +73,12 @@ class SequenceKeys(DenseKeys):
                 f"Bayesian attention expects a boolean attention mask (True = attend), got {mask.dtype}; "
                 f"convert the model with to_bam() so that the '{ATTN_IMPLEMENTATION}' mask function is used"
             )
-        key_mask = mask
+        query_mask = None
         if mask is not None and mask.shape[-1] == mask.shape[-2]:
             first_row = mask[..., :1, :]
-            if bool((mask == first_row).all()):
-                key_mask, mask = first_row, first_row & first_row.transpose(-1, -2)
-        super().__init__(mask, batch_shape=torch.Size([batch_size]))
-        self.key_mask = key_mask
+            if bool((mask == first_row).all()):  # key padding: the padded positions are queries too
+                mask, query_mask = first_row, first_row.transpose(-1, -2)
+        super().__init__(mask, batch_shape=torch.Size([batch_size]), query_mask=query_mask)
 
 
 #: keyword arguments of transformers' attention functions that change how scores become weights in

@@ -16,6 +16,7 @@ from bam_pyro import (
     MultiHeadBayesianAttention,
     ObjectiveConfig,
     attention_sampling,
+    attention_sites,
     variational_distribution,
 )
 from bam_pyro.normalize import log_normalized
@@ -362,3 +363,34 @@ def test_eval_mode_layer_is_pyg_gatconv_with_the_same_weights(variant, self_loop
     assert torch.equal(edges, pyg_edges)
     assert torch.allclose(attention, pyg_attention, atol=1e-6)
     assert attention.shape == (edges.size(1), 3)
+
+
+def test_padded_queries_carry_no_kl_and_do_not_count_in_the_site():
+    """Self-attention over two sentences of 3 and 5 tokens, padded to 5: with the padding as a
+    query mask too, the site's KL is the sum of each sentence's KL alone and its entry count that
+    of the valid rows (3 x 3 + 5 x 5 per head); with keys masked only, the padded rows add KL."""
+    torch.manual_seed(0)
+    layer = MultiHeadBayesianAttention(8, 2, BamConfig("wc", beta=0.5, d_mid=4))
+    x = torch.randn(2, 5, 8)
+    valid = torch.tensor([[True] * 3 + [False] * 2, [True] * 5])
+
+    def site_kl(inputs, keys_valid, queries_valid=None):
+        def model():
+            with attention_sites():
+                layer(inputs, inputs, inputs, key_padding_mask=keys_valid, query_padding_mask=queries_valid)
+
+        guide = AttentionGuide(model)
+        guide()
+        model_trace, guide_trace = guide.get_traces()
+        return torch.distributions.kl_divergence(guide_trace.nodes["attention"]["fn"], model_trace.nodes["attention"]["fn"]).item()
+
+    alone = sum(site_kl(x[i : i + 1, :n], valid[i : i + 1, :n]) for i, n in enumerate((3, 5)))
+    assert site_kl(x, valid, valid) == pytest.approx(alone, rel=1e-5)
+    assert site_kl(x, valid) > alone * (1 + 1e-3)  # the two padded rows of sentence 0 count otherwise
+    axis = DenseKeys(valid[:, None, None, :], query_mask=valid[:, None, :, None])
+    assert axis.num_valid(torch.zeros(2, 2, 5, 5)) == 2 * (3 * 3 + 5 * 5)
+    weights = axis.softmax(torch.randn(2, 2, 5, 5))  # padded rows still normalize over valid keys
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 2, 5))
+    assert torch.all(weights[0, :, :, 3:] == 0)
+    with pytest.raises(ValueError, match="query_padding_mask has 4 queries"):
+        layer(x, x, x, query_padding_mask=valid[:, :4])
