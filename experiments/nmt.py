@@ -23,6 +23,10 @@ writes the posterior of the attention of a few validation sentences into its fol
 (:mod:`experiments.nmt_uncertainty`): a heatmap of posterior mean, spread and prior, and the
 ArviZ summary (ESS, R-hat, HDI).
 
+``va-relaxed`` follows Deng et al.'s Algorithm 2: its first ``jensen_epochs`` epochs (by default a
+third of ``max_epochs``; the paper gives no number) fit the Jensen bound with q = p, and only then
+does the inference network come in (:class:`guides.alignment.JensenWarmStart`).
+
 BAM presets: WC is the paper's (appendix B.4: k=5, beta=1e-6, rho=1, d_mid=5). The paper gives
 none for the other variants on translation; ours take k=5 and rho=1 from WC and, for the
 lognormal ones, the captioning presets of appendix B.3 (sigma_p=1e3, sigma_q=0.1), the other
@@ -108,6 +112,9 @@ class NmtSettings(RunSettings):
     uncertainty_draws: int = field(default=100, metadata={"help": "posterior draws per chain of it (0: none)"})
     top_k: Optional[int] = field(default=None, metadata={
         "help": "latent-alignment variants: predict over the K most probable alignments (none: all, exactly)"})
+    jensen_epochs: Optional[int] = field(default=None, metadata={
+        "help": "va-relaxed: epochs of the Jensen bound (q = p) before the inference network comes in "
+                "(none: a third of max_epochs)"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -119,6 +126,11 @@ class NmtSettings(RunSettings):
             value = getattr(self, name)
             require(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
                     name, value, "a whole number >= 1")
+        require(self.jensen_epochs is None or (isinstance(self.jensen_epochs, int) and not isinstance(self.jensen_epochs, bool)
+                                               and 0 <= self.jensen_epochs < self.max_epochs),
+                "jensen_epochs", self.jensen_epochs, f"none or a whole number below max_epochs ({self.max_epochs})")
+        require(not self.jensen_epochs or self.variant == "va-relaxed", "jensen_epochs", self.jensen_epochs,
+                "unset for any variant but va-relaxed (Deng et al. warm-start the relaxed model alone)")
         positive("lr", self.lr)
         positive("grad_clip", self.grad_clip)
         positive("length_penalty", self.length_penalty, strict=False)
@@ -132,6 +144,13 @@ class NmtSettings(RunSettings):
     @property
     def learning_rate(self) -> float:
         return self.lr or TRAINING_PRESETS[self.preset].lr
+
+    @property
+    def warm_epochs(self) -> int:
+        """Epochs of va-relaxed's Jensen warm start (``guides.alignment.JensenWarmStart``); 0 otherwise."""
+        if self.variant != "va-relaxed":
+            return 0
+        return self.max_epochs // 3 if self.jensen_epochs is None else self.jensen_epochs
 
 
 def presets(dataset: str, variant: str) -> dict[str, Any]:
@@ -157,15 +176,16 @@ class Trainable(NamedTuple):
     elbo: Optional[ELBO] = None
 
 
-def build_bam(settings: NmtSettings, vocab_size: int) -> Trainable:
+def build_bam(settings: NmtSettings, vocab_size: int, warm_steps: int = 0) -> Trainable:
     """Soft attention or a BAM variant: the guide is the attention sites' own q."""
     model = build_translator(vocab_size, PRESETS[settings.preset], settings.attention, settings.objective)
     return Trainable(model, AttentionGuide(model.model))
 
 
-def build_latent_alignment(settings: NmtSettings, vocab_size: int) -> Trainable:
+def build_latent_alignment(settings: NmtSettings, vocab_size: int, warm_steps: int = 0) -> Trainable:
     """A latent-alignment variant of Deng et al. on the same network (its attention scores give the
-    prior p(z | x, y_<j)); the variational ones add an inference network of the preset's sizes."""
+    prior p(z | x, y_<j)); the variational ones add an inference network of the preset's sizes.
+    ``warm_steps``: va-relaxed's Jensen warm start, in SVI steps."""
     sizes = PRESETS[settings.preset]
     network = Seq2Seq(vocab_size, sizes, settings.attention)
     inference = None
@@ -173,18 +193,19 @@ def build_latent_alignment(settings: NmtSettings, vocab_size: int) -> Trainable:
         inference = InferenceNetwork(network.source_embedding, network.target_embedding, hidden=sizes.encoder,
                                      layers=sizes.layers, dropout=sizes.dropout)
     model = LatentAlignmentModel(network, settings.objective, AlignmentConfig(settings.variant, settings.top_k), inference)
-    return Trainable(model, guide_for(model), elbo_for(settings.variant))
+    return Trainable(model, guide_for(model, warm_steps), elbo_for(settings.variant))
 
 
 #: variant -> builder of its model, guide and ELBO
-BUILDERS: dict[str, Callable[[NmtSettings, int], Trainable]] = {
+BUILDERS: dict[str, Callable[[NmtSettings, int, int], Trainable]] = {
     **{variant: build_bam for variant in VARIANT_PRESETS},
     **{variant: build_latent_alignment for variant in ALIGNMENT_VARIANTS},
 }
 
 
-def build_trainable(settings: NmtSettings, vocab_size: int) -> Trainable:
-    return BUILDERS[settings.variant](settings, vocab_size)
+def build_trainable(settings: NmtSettings, vocab_size: int, warm_steps: int = 0) -> Trainable:
+    """The variant's model, guide and ELBO; ``warm_steps``: SVI steps of va-relaxed's Jensen warm start."""
+    return BUILDERS[settings.variant](settings, vocab_size, warm_steps)
 
 
 # --- scores --------------------------------------------------------------------------------------
@@ -233,7 +254,8 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 def train_run(settings: NmtSettings, data: Multi30k, run: RunContext) -> dict[str, float]:
     seed_everything(settings.seed)
-    trainable = build_trainable(settings, data.vocab_size)
+    steps_per_epoch = data.train.num_batches(settings.batch_size)
+    trainable = build_trainable(settings, data.vocab_size, settings.warm_epochs * steps_per_epoch)
     model = trainable.model
     trainer = run.trainer(model, trainable.guide, make_optimizer(settings, model), elbo=trainable.elbo, grad_clip=settings.grad_clip)
 
@@ -246,7 +268,6 @@ def train_run(settings: NmtSettings, data: Multi30k, run: RunContext) -> dict[st
         score = perplexity(model, data.val, settings.eval_batch_size)
         return {"val_ppl": score, "eval_seconds": time.perf_counter() - start}
 
-    steps_per_epoch = data.train.num_batches(settings.batch_size)
     result = trainer.fit(batches, evaluate, settings.max_epochs, EarlyStopping({"val_ppl": "min"}, settings.patience),
                          progress=run.progress, description=run.description, steps_per_epoch=steps_per_epoch)
     training_seconds = result.seconds - sum(record["eval_seconds"] for record in result.history)

@@ -8,10 +8,13 @@
   each, and bilinear scores ``s_ji = g_j^T U f_i`` between target state g_j and source state f_i.
   Categorical: ``q(z_j = i) = softmax_i(s_ji)``; relaxed: ``Dirichlet(exp(s_j))``. The word embeddings
   are the translation network's (shared, as in the paper); everything else is the guide's own.
+- ``va-relaxed`` with a warm start: :class:`JensenWarmStart`, q = p for the first SVI steps, then the
+  inference network (Deng et al.'s Algorithm 2: the relaxed model is first fit by the Jensen bound).
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Optional
 
 import pyro
@@ -74,9 +77,23 @@ class PriorGuide(GuideMessenger):
         return prior
 
 
+def variational_posterior(model: LatentAlignmentModel, src: Tensor, src_mask: Tensor, tgt_mask: Tensor,
+                          tgt_out: Optional[Tensor]) -> dist.TorchDistribution:
+    """q(z_j | x, y) ``[B, T]`` of ``model.inference``: Dirichlet (``va-relaxed``) or categorical, padded
+    sources at probability 0."""
+    if tgt_out is None:
+        raise ValueError("the variational guide reads the target: pass tgt_out")
+    scores = model.inference(src, src_mask, tgt_out, tgt_mask)
+    source_mask = src_mask.unsqueeze(-2)
+    if model.spec.relaxed:
+        return MaskedDirichlet(dirichlet_concentration(scores), source_mask)
+    return dist.Categorical(logits=masked_scores(scores, source_mask))
+
+
 class VariationalAlignmentGuide:
     """q(z_j | x, y) from ``model.inference`` at the model's alignment site, in the model's plates with
-    the model's KL weight; enumerated (``va-enum``), sampled (``va-sample``) or Dirichlet (``va-relaxed``)."""
+    the model's KL weight; enumerated (``va-enum``), sampled (``va-sample``) or Dirichlet (``va-relaxed``).
+    A plain guide rather than a ``GuideMessenger``: ``TraceEnum_ELBO`` enumerates only plain guides."""
 
     def __init__(self, model: LatentAlignmentModel) -> None:
         if model.inference is None:
@@ -85,24 +102,52 @@ class VariationalAlignmentGuide:
 
     def __call__(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, tgt_mask: Tensor,
                  tgt_out: Optional[Tensor] = None) -> Tensor:
-        if tgt_out is None:
-            raise ValueError("the variational guide reads the target: pass tgt_out")
         model = self.model
-        scores = model.inference(src, src_mask, tgt_out, tgt_mask)
-        source_mask = src_mask.unsqueeze(-2)
-        if model.spec.relaxed:
-            q = MaskedDirichlet(dirichlet_concentration(scores), source_mask)
-            infer: dict = {}
-        else:
-            q = dist.Categorical(logits=masked_scores(scores, source_mask))
-            infer = {"enumerate": "parallel"} if model.spec.enumerate else {}
+        q = variational_posterior(model, src, src_mask, tgt_mask, tgt_out)
+        infer = {"enumerate": "parallel"} if model.spec.enumerate else {}
         with model.target_plates(tgt_mask), poutine.scale(scale=model.kl_scale()):
             return pyro.sample(ALIGNMENT, q, infer=infer)
 
 
-def guide_for(model: LatentAlignmentModel) -> Callable:
-    """The guide of the model's variant (see module doc)."""
+class JensenWarmStart(GuideMessenger):
+    """``va-relaxed`` fit first by the Jensen bound ``E_p[log p(y | x, z)]`` (q = p, no KL) for
+    ``warm_steps`` SVI steps of the model, then by the ELBO with q from the inference network.
+
+    Deng et al. (2018, section 3 and Algorithm 2) pretrain the relaxed model so: trained with the
+    inference network from the start, the Dirichlet q and p drift to the centre of the simplex, where
+    the KL is small, and the alignments stay near uniform. The phase is read from the model's step
+    counter (saved with it), so a resumed run is in the phase it left. One forward pass of the model
+    serves both phases (q = p is the model's own distribution at its site).
+    """
+
+    def __init__(self, model: LatentAlignmentModel, warm_steps: int) -> None:
+        if not model.spec.relaxed:
+            raise ValueError(f"the Jensen warm start is va-relaxed's (Deng et al.'s Algorithm 2), "
+                             f"not {model.config.variant!r}'s")
+        if not isinstance(warm_steps, int) or isinstance(warm_steps, bool) or warm_steps < 0:
+            raise ValueError(f"warm_steps must be a whole number >= 0, got {warm_steps!r}")
+        super().__init__(model.model)
+        self.alignment_model, self.warm_steps = model, warm_steps
+
+    @property
+    def warming(self) -> bool:
+        return int(self.alignment_model.step) < self.warm_steps
+
+    def get_posterior(self, name: str, prior: dist.TorchDistribution) -> dist.TorchDistribution:
+        if name != ALIGNMENT or self.warming:
+            return prior
+        args, kwargs = self.args_kwargs
+        inputs = inspect.signature(self.alignment_model.model).bind(*args, **kwargs).arguments
+        return variational_posterior(self.alignment_model, inputs["src"], inputs["src_mask"], inputs["tgt_mask"],
+                                     inputs.get("tgt_out"))
+
+
+def guide_for(model: LatentAlignmentModel, warm_steps: int = 0) -> Callable:
+    """The guide of the model's variant (see module doc); ``warm_steps`` > 0: va-relaxed's
+    :class:`JensenWarmStart` for that many SVI steps."""
     kind = model.spec.guide
+    if warm_steps:
+        return JensenWarmStart(model, warm_steps)
     if kind == "none":
         return no_guide
     if kind == "prior":

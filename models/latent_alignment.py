@@ -23,7 +23,7 @@ variant        objective per token                              guide           
 ``hard-enum``  ``E_p[log p(y | z)]``, enumerated                 q = p (model's)     :class:`AlignmentELBO`
 ``va-enum``    ``E_q[log p(y | z)] - KL(q || p)``, enumerated    inference network   ``TraceEnum_ELBO``
 ``va-sample``  the same, one draw, REINFORCE, KL exact           inference network   :class:`AlignmentELBO`
-``va-relaxed`` Dirichlet z, reparameterized draw, KL analytic    inference network   ``TraceMeanField_ELBO``
+``va-relaxed`` Dirichlet z, reparameterized draw, KL analytic    q = p, then network ``TraceMeanField_ELBO``
 =============  ===============================================  ==================  ==================
 
 The sampled variants use the soft-attention likelihood ``log p(y_j | x, E_p[z_j])`` as baseline

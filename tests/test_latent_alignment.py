@@ -228,6 +228,44 @@ def test_relaxed_loss_takes_the_analytic_dirichlet_kl():
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-5)
 
 
+def test_relaxed_warm_start_is_the_jensen_bound_then_the_variational_guide():
+    """Deng et al.'s Algorithm 2: while warming, the loss is -mean_j log p(y_j | z_j) at a draw z_j of
+    the model's own Dirichlet (no KL, no gradient to the inference network); from step ``warm_steps``
+    on, q is the inference network's and the KL is back."""
+    model = build("va-relaxed", objective=ObjectiveConfig(kl_weight=0.7))
+    src, src_mask, tgt_in, tgt_mask, tgt_out = batch = toy_batch()
+    guide, elbo = guide_for(model, warm_steps=2), elbo_for("va-relaxed")
+    model.step.fill_(1)
+    loss = elbo.differentiable_loss(model.model, guide, *batch)
+    _, guide_trace = guide.get_traces()
+    z = guide_trace.nodes[ALIGNMENT]["value"]
+    memory = model.network.encode(src, src_mask)
+    steps = model.network.decoder_states(memory, tgt_in)
+    prior_alpha = steps.scores.exp().clamp(1e-2, 1e4)
+    valid = src_mask.unsqueeze(1).expand_as(prior_alpha)
+    torch.testing.assert_close(guide_trace.nodes[ALIGNMENT]["fn"].concentration[valid], prior_alpha[valid])
+    log_lik = model.network.generate(steps.states, z @ memory.states).log_softmax(-1)
+    expected = -token_mean(log_lik.gather(-1, tgt_out.unsqueeze(-1)).squeeze(-1), tgt_mask)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-5)
+    shared = {id(p) for p in model.network.parameters()}  # the word embeddings
+    inference = [p for p in model.inference.parameters() if id(p) not in shared]
+    grads = torch.autograd.grad(loss, inference, allow_unused=True)
+    assert all(g is None or torch.all(g == 0) for g in grads)
+
+    model.step.fill_(2)
+    assert not guide.warming
+    pyro.set_rng_seed(5)
+    loss = elbo.differentiable_loss(model.model, guide, *batch)
+    pyro.set_rng_seed(5)
+    assert loss.item() == pytest.approx(elbo.differentiable_loss(model.model, guide_for(model), *batch).item())
+    assert any(g is not None and torch.any(g != 0) for g in torch.autograd.grad(loss, inference, allow_unused=True))
+
+
+def test_only_the_relaxed_variant_takes_a_warm_start():
+    with pytest.raises(ValueError, match="va-relaxed"):
+        guide_for(build("va-sample"), warm_steps=3)
+
+
 def test_masked_dirichlet_matches_torch_on_the_valid_entries():
     alpha = torch.rand(3, 5) * 3 + 0.1
     beta = torch.rand(3, 5) * 3 + 0.1

@@ -79,6 +79,8 @@ def test_every_soft_and_bam_variant_trains_with_its_preset(variant):
     ({"length_penalty": -1.0}, "length_penalty must be a finite number >= 0"),
     ({"uncertainty_draws": 1}, "uncertainty_draws must be 0"),
     ({"dataset": "wmt"}, "dataset must be 'multi30k'"),
+    ({"variant": "va-relaxed", "jensen_epochs": 15}, r"jensen_epochs must be none or a whole number below max_epochs \(15\)"),
+    ({"variant": "va-sample", "jensen_epochs": 2}, "jensen_epochs must be unset for any variant but va-relaxed"),
 ])
 def test_bad_settings_are_named(changes, message):
     with pytest.raises(ValueError, match=message):
@@ -176,6 +178,20 @@ def test_a_run_killed_inside_an_epoch_resumes_exactly(toy_root, tmp_path, monkey
         assert torch.equal(value, second["model"][name]), name
     for name in ("test_bleu", "test_ppl", "val_bleu", "val_ppl"):
         assert straight[name] == resumed[name], name
+
+
+def test_va_relaxed_fits_the_jensen_bound_for_its_first_epochs(toy_root, tmp_path):
+    """Deng et al.'s warm start through the task: q = p for ``jensen_epochs`` epochs of SVI steps
+    (by default a third of the budget), the inference network after them."""
+    assert settings("va-relaxed", max_epochs=15).warm_epochs == 5 and settings("va-sample").warm_epochs == 0
+    run = settings("va-relaxed", max_epochs=3, jensen_epochs=2, max_train=32, patience=5)
+    data = nmt.load_data(run, str(toy_root))
+    folder = context(tmp_path, run)
+    nmt.train_run(run, data, folder)
+    trainer = folder.trainers[-1]
+    steps_per_epoch = data.train.num_batches(run.batch_size)
+    assert trainer.guide.warm_steps == 2 * steps_per_epoch
+    assert int(trainer.model.step) == 3 * steps_per_epoch and not trainer.guide.warming
 
 
 @pytest.mark.parametrize("variant", ["exact", "va-enum", "va-sample", "va-relaxed"])
