@@ -158,13 +158,17 @@ class AlignmentConfig:
     top_k: prediction (``log_probs``, ``next_token_log_probs``) over the K most probable alignments,
         renormalized (the paper's K-max, K=5); None: exact enumeration over the source.
     relaxed_samples: prediction of ``va-relaxed``: Monte Carlo draws of the Dirichlet alignment.
-    max_logit_elements: most logits (floats) built at once when enumerating alignments.
+    max_logit_elements: most logits (floats) built at once when enumerating alignments. The default,
+        2**27 (512 MB of float32), takes a typical Multi30k batch (64 sentences of 16 pieces, 8k
+        vocabulary) in one piece; more logits go in chunks whose output layer runs again in the
+        backward pass. Measured on one CPU thread: 7.7 s a training step of ``exact`` at once
+        against 10.8 s in chunks of 2**24, for 2.5 GB of peak memory against 0.95 GB.
     """
 
     variant: str = "va-enum"
     top_k: Optional[int] = None
     relaxed_samples: int = 10
-    max_logit_elements: int = 2**24
+    max_logit_elements: int = 2**27
 
     def __post_init__(self) -> None:
         variant_spec(self.variant)
