@@ -18,7 +18,10 @@ def format_mean_std(mean: float, std: float, digits: int = 2, sign: str = "") ->
 
 
 def mean_std(values: pd.Series, sign: str = "") -> str:
-    """"mean ± std" of a group's runs (see :func:`format_mean_std`)."""
+    """"mean ± std" of a group's runs (see :func:`format_mean_std`); a count that is the same in
+    every run (a parameter count) is written whole: 8,911,936."""
+    if pd.api.types.is_integer_dtype(values) and values.nunique() == 1:
+        return f"{int(values.iloc[0]):{sign},}"
     return format_mean_std(values.mean(), values.std(ddof=1), sign=sign)
 
 

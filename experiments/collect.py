@@ -85,8 +85,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, pd.DataFrame]:
     results.to_csv(args.out / "results.csv", index=False)
     if args.compare:
         table = compare_table(results, task, settings)
-        (args.out / "table.md").write_text(table.to_markdown(index=False) + "\n")
-        print(table.to_markdown(index=False))
+        (args.out / "table.md").write_text(table.to_markdown(index=False, disable_numparse=True) + "\n")
+        print(table.to_markdown(index=False, disable_numparse=True))
         return {"compare": table}
     return write_tables(task, results, args.out)
 

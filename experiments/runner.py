@@ -346,7 +346,7 @@ def write_tables(task: Task, results: pd.DataFrame, out: Path) -> dict[str, pd.D
     """``table.md`` (every table), ``table-<name>.csv`` each, and ``paired.png``; printed too."""
     tables = task.tables(results) if task.tables else {"results": paired_table(task, results)}
     tables = {name: table.reset_index() if any(table.index.names) else table for name, table in tables.items()}
-    text = "\n\n".join(f"### {name}\n\n{table.to_markdown(index=False)}" for name, table in tables.items())
+    text = "\n\n".join(f"### {name}\n\n{table.to_markdown(index=False, disable_numparse=True)}" for name, table in tables.items())
     (out / "table.md").write_text(text + "\n")
     for name, table in tables.items():
         table.to_csv(out / f"table-{name}.csv", index=False)

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import torch
 
-from analysis.tables import mean_interval, paired_difference
+from analysis.tables import mean_interval, paired_difference, summarize
 from bam_pyro import BamConfig, ObjectiveConfig
 from experiments import gat, glue
 from experiments.collect import main as collect_main
@@ -146,6 +146,14 @@ def test_paired_difference_pairs_runs_by_seed():
     # (1.0 + 0.5) / 2, std of (1.0, 0.5); the interval is 0.75 -+ t(0.975, 1) * 0.354 / sqrt(2), t = 12.706
     assert table.loc[("a", "wc"), "score"] == "+0.75 ± 0.35, 95% CI [-2.43, +3.93]"
     assert table.loc[("b", "wc"), "score"] == "-1.00"  # one pair: no spread, no interval to show
+
+
+def test_summary_writes_counts_whole_and_measures_as_mean_and_std():
+    results = pd.DataFrame(dict(variant=["soft", "soft", "wc"], parameters=[8911936, 8911936, 8914506],
+                                epochs=[12, 14, 13], bleu=[41.0, 40.0, 41.26]))
+    table = summarize(results, ["variant"], ["parameters", "epochs", "bleu"])
+    assert table.loc["soft"].tolist() == [2, "8,911,936", "13.00 ± 1.41", "40.50 ± 0.71"]
+    assert table.loc["wc"].tolist() == [1, "8,914,506", "13", "41.26"]
 
 
 def test_paired_interval_covers_the_true_difference_at_its_stated_rate():
