@@ -53,8 +53,9 @@ def run_curve(record: dict) -> tuple[pd.DataFrame, dict]:
 
 
 def validation_metrics(history: pd.DataFrame) -> list[str]:
-    """The metrics a run's history holds per epoch, besides the training loss."""
-    return [c for c in history.columns if c not in ("epoch", "loss")]
+    """The metrics a run's history holds per epoch, besides the training loss and timings
+    (``*seconds``, e.g. translation's ``eval_seconds``: how long, not how well)."""
+    return [c for c in history.columns if c not in ("epoch", "loss") and not c.endswith("seconds")]
 
 
 def kept_versus_best(history: pd.DataFrame, record: dict) -> dict:

@@ -76,7 +76,8 @@ def test_curves_of_runs_with_different_metrics(tmp_path):
     """GAT and two GLUE tasks in one folder: each run's own metrics, no cell for a metric it lacks."""
     folder = tmp_path / "mixed"
     train_run(folder, "toy-wc-seed0", 0)
-    glue = {"cola": {"matthews": [10.0, 30.0, 20.0]}, "stsb": {"pearson": [80.0, 85.0, 86.0], "spearman": [79.0, 84.0, 83.0]}}
+    glue = {"cola": {"matthews": [10.0, 30.0, 20.0], "eval_seconds": [4.0, 7.0, 5.0]},  # a timing: not a metric
+            "stsb": {"pearson": [80.0, 85.0, 86.0], "spearman": [79.0, 84.0, 83.0]}}
     for task, metrics in glue.items():  # GLUE's runs: no early stopping, the last epoch is kept
         history = [{"epoch": e, "loss": 1.0 / (e + 1), **{m: v[e] for m, v in metrics.items()}} for e in range(3)]
         save_record(folder, f"{task}-wc-seed0", history, 2)
@@ -86,4 +87,5 @@ def test_curves_of_runs_with_different_metrics(tmp_path):
     assert table.loc["stsb-wc-seed0", ["kept_spearman", "best_spearman"]].tolist() == [83.0, 84.0]
     assert pd.isna(table.loc["stsb-wc-seed0", "kept_matthews"]) and pd.isna(table.loc["cola-wc-seed0", "kept_val_loss"])
     assert table.loc["toy-wc-seed0", "kept_val_loss"] > 0
+    assert not any("seconds" in column for column in table.columns)
     assert (tmp_path / "out" / "curves.png").stat().st_size > 10_000
