@@ -78,10 +78,14 @@ class EarlyStopping:
     ``monitors`` maps metric names to ``"min"`` or ``"max"``. As in the GAT reference, an epoch
     that improves (or ties) *any* metric resets the patience; one that improves *all* of them
     becomes the best epoch, whose parameters are kept.
+
+    ``start_epoch``: epochs before it are neither kept nor counted (a warm-up phase that trains
+    another objective, e.g. va-relaxed's Jensen warm start in translation, is no candidate model).
     """
 
     monitors: dict[str, str]
     patience: int = 100
+    start_epoch: int = field(default=0, kw_only=True)
     best: dict[str, float] = field(default_factory=dict)
     best_epoch: int = -1
     best_state: Optional[dict[str, Any]] = None
@@ -93,6 +97,8 @@ class EarlyStopping:
                 raise ValueError(f"monitor {name!r}: mode must be 'min' or 'max', got {mode!r}")
         if self.patience < 1:
             raise ValueError(f"patience must be >= 1, got {self.patience}")
+        if self.start_epoch < 0:
+            raise ValueError(f"start_epoch must be >= 0, got {self.start_epoch}")
 
     def _improves(self, name: str, value: float) -> bool:
         if name not in self.best:
@@ -104,6 +110,8 @@ class EarlyStopping:
         missing = set(self.monitors) - set(metrics)
         if missing:
             raise KeyError(f"evaluation did not return the monitored metrics {sorted(missing)}")
+        if epoch < self.start_epoch:
+            return False
         better = {name: self._improves(name, metrics[name]) for name in self.monitors}
         if all(better.values()):
             self.best_epoch = epoch

@@ -25,7 +25,8 @@ ArviZ summary (ESS, R-hat, HDI).
 
 ``va-relaxed`` follows Deng et al.'s Algorithm 2: its first ``jensen_epochs`` epochs (by default a
 third of ``max_epochs``; the paper gives no number) fit the Jensen bound with q = p, and only then
-does the inference network come in (:class:`guides.alignment.JensenWarmStart`).
+does the inference network come in (:class:`guides.alignment.JensenWarmStart`). The warm start is
+an initialization: early stopping keeps and counts only the epochs after it.
 
 BAM presets: WC is the paper's (appendix B.4: k=5, beta=1e-6, rho=1, d_mid=5). The paper gives
 none for the other variants on translation; ours take k=5 and rho=1 from WC and, for the
@@ -268,7 +269,7 @@ def train_run(settings: NmtSettings, data: Multi30k, run: RunContext) -> dict[st
         score = perplexity(model, data.val, settings.eval_batch_size)
         return {"val_ppl": score, "eval_seconds": time.perf_counter() - start}
 
-    result = trainer.fit(batches, evaluate, settings.max_epochs, EarlyStopping({"val_ppl": "min"}, settings.patience),
+    result = trainer.fit(batches, evaluate, settings.max_epochs, EarlyStopping({"val_ppl": "min"}, settings.patience, start_epoch=settings.warm_epochs),
                          progress=run.progress, description=run.description, steps_per_epoch=steps_per_epoch)
     training_seconds = result.seconds - sum(record["eval_seconds"] for record in result.history)
     model.eval()

@@ -146,6 +146,18 @@ def test_early_stopping_resets_on_any_improvement_and_keeps_the_best_of_all():
         stop.update({"loss": 0.1}, 5, model)
 
 
+def test_early_stopping_neither_keeps_nor_counts_the_epochs_before_its_start():
+    model = torch.nn.Linear(1, 1)
+    stop = EarlyStopping({"loss": "min"}, patience=1, start_epoch=2)
+    assert not stop.update({"loss": 0.1}, 0, model) and not stop.update({"loss": 0.2}, 1, model)  # warm-up
+    assert stop.best_epoch == -1 and stop.best_state is None and stop.waited == 0
+    assert not stop.update({"loss": 0.5}, 2, model)  # worse than the warm-up, still the first candidate
+    assert stop.best_epoch == 2 and stop.best == {"loss": 0.5}
+    assert stop.update({"loss": 0.6}, 3, model)
+    with pytest.raises(ValueError, match="start_epoch must be >= 0"):
+        EarlyStopping({"loss": "min"}, start_epoch=-1)
+
+
 def test_non_finite_loss_raises_a_clear_error():
     trainer, batches, _ = make_trainer()
 
