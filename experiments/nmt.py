@@ -253,6 +253,11 @@ def count_parameters(model: torch.nn.Module) -> int:
 # --- one run -------------------------------------------------------------------------------------
 
 
+def early_stopping(settings: NmtSettings) -> EarlyStopping:
+    """On validation perplexity, after va-relaxed's warm start (an initialization, no candidate model)."""
+    return EarlyStopping({"val_ppl": "min"}, settings.patience, start_epoch=settings.warm_epochs)
+
+
 def train_run(settings: NmtSettings, data: Multi30k, run: RunContext) -> dict[str, float]:
     seed_everything(settings.seed)
     steps_per_epoch = data.train.num_batches(settings.batch_size)
@@ -269,7 +274,7 @@ def train_run(settings: NmtSettings, data: Multi30k, run: RunContext) -> dict[st
         score = perplexity(model, data.val, settings.eval_batch_size)
         return {"val_ppl": score, "eval_seconds": time.perf_counter() - start}
 
-    result = trainer.fit(batches, evaluate, settings.max_epochs, EarlyStopping({"val_ppl": "min"}, settings.patience, start_epoch=settings.warm_epochs),
+    result = trainer.fit(batches, evaluate, settings.max_epochs, early_stopping(settings),
                          progress=run.progress, description=run.description, steps_per_epoch=steps_per_epoch)
     training_seconds = result.seconds - sum(record["eval_seconds"] for record in result.history)
     model.eval()

@@ -33,8 +33,8 @@ weight 1/(number of target tokens), so the loss is per target token, as for soft
 leave ``anneal_rate`` unset to follow it).
 
 Memory: enumerating builds logits ``[S, B, T, V]``; :class:`TokensGivenAlignment` scores the
-observed token only, in chunks of at most ``max_logit_elements`` logits recomputed in the backward
-pass (see :mod:`models.alignment_distributions`). Prediction marginalizes the alignment exactly or
+observed token only, at once up to ``max_logit_elements`` logits and beyond that in chunks recomputed
+in the backward pass (see :mod:`models.alignment_distributions`). Prediction marginalizes the alignment exactly or
 over the top-K alignments (the paper's K-max, K=5), again in chunks.
 """
 
@@ -160,10 +160,10 @@ class AlignmentConfig:
     relaxed_samples: prediction of ``va-relaxed``: Monte Carlo draws of the Dirichlet alignment.
     max_logit_elements: most logits (floats) built at once when enumerating alignments. Up to it, a
         batch is scored in one piece; beyond it, in chunks whose output layer runs again in the
-        backward pass (a third more work). The default, 2**28 (1 GB of float32), takes 82% of the
-        Multi30k training batches at the cpu preset (58% of the logits) in one piece. Measured on one
-        CPU thread, ``exact``, 120 sentences of 12-16 pieces: 15.3 s a step in one piece against 19.2 s
-        in chunks of 2**24, for 4.1 GB of peak memory against 1.2 GB.
+        backward pass (a third more work). The default, 2**28 (1 GB of float32), takes most Multi30k
+        training batches at the cpu preset in one piece; ``python -m experiments.bench nmt`` measured
+        ``exact`` at 7.7 s a step with it, 10.5 s with chunks of 2**24 (the peak memory of a step
+        grows about fourfold, to a few GB).
     """
 
     variant: str = "va-enum"
