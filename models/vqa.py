@@ -109,7 +109,10 @@ class FeedForward(nn.Sequential):
 
 
 class AttentionSublayer(nn.Module):
-    """``LayerNorm(x + dropout(attention(x, context, context)))``: MCAN's residual unit."""
+    """``LayerNorm(x + dropout(attention(x, context, context)))``: MCAN's residual unit.
+
+    ``context_mask`` marks the valid keys; ``query_mask`` the valid rows of ``x`` (a padded
+    question attending to itself), whose padded rows then carry no KL."""
 
     def __init__(self, sizes: McanSizes, config: BamConfig) -> None:
         super().__init__()
@@ -117,8 +120,9 @@ class AttentionSublayer(nn.Module):
         self.dropout = nn.Dropout(sizes.dropout)
         self.norm = nn.LayerNorm(sizes.hidden)
 
-    def forward(self, x: Tensor, context: Tensor, context_mask: Optional[Tensor]) -> Tensor:
-        out, _ = self.attention(x, context, context, key_padding_mask=context_mask)
+    def forward(self, x: Tensor, context: Tensor, context_mask: Optional[Tensor],
+                query_mask: Optional[Tensor] = None) -> Tensor:
+        out, _ = self.attention(x, context, context, key_padding_mask=context_mask, query_padding_mask=query_mask)
         return self.norm(x + self.dropout(out))
 
 
@@ -142,7 +146,7 @@ class SelfAttentionLayer(nn.Module):
         self.feed_forward = FeedForwardSublayer(sizes)
 
     def forward(self, x: Tensor, mask: Optional[Tensor]) -> Tensor:
-        return self.feed_forward(self.self_attention(x, x, mask))
+        return self.feed_forward(self.self_attention(x, x, mask, query_mask=mask))
 
 
 class GuidedAttentionLayer(nn.Module):

@@ -8,7 +8,7 @@ from torch.distributions import kl_divergence
 
 from bam_pyro import AttentionGuide, BamConfig, BamModel, ObjectiveConfig
 from bam_pyro.predictive import predictive_draws
-from models.vqa import AttentionSublayer, McanSizes, build_vqa_model, guided_attention_sites
+from models.vqa import AttentionSublayer, McanSizes, SelfAttentionLayer, build_vqa_model, guided_attention_sites
 
 SIZES = McanSizes(hidden=16, heads=2, encoder_layers=1, decoder_layers=2, embedding=8, features=16, grid=4, dropout=0.1)
 WC = BamConfig("wc", k=1.0, beta=1e-2, d_mid=4)  # k = 1: noise large enough to see
@@ -29,6 +29,23 @@ class GuidedAttention(nn.Module):
     def forward(self, image, question, mask):
         return self.unit(image, question, mask)
 
+    def site(self):
+        return self.unit.attention.attention.site_name
+
+
+class QuestionSelfAttention(nn.Module):
+    """The question encoder's unit: the padded question attends to itself."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.unit = SelfAttentionLayer(SIZES, config)
+
+    def forward(self, question, mask):
+        return self.unit(question, mask)
+
+    def site(self):
+        return self.unit.self_attention.attention.attention.site_name
+
 
 class Silent(BamModel):
     def likelihood(self, outputs):
@@ -40,8 +57,9 @@ def site_kl_and_weights(model, *inputs):
     model.record_attention = True
     guide(*inputs)
     model_trace, guide_trace = guide.get_traces()
-    name = model.network.unit.attention.attention.site_name
-    kl = kl_divergence(guide_trace.nodes[name]["fn"], model_trace.nodes[name]["fn"])
+    name = model.network.site()
+    # the KL as it enters the ELBO: times the site's scale (1 / valid entries under the mean reduction)
+    kl = model_trace.nodes[name]["scale"] * kl_divergence(guide_trace.nodes[name]["fn"], model_trace.nodes[name]["fn"])
     return kl, model_trace.nodes[f"{name}.weights"]["value"]
 
 
@@ -61,6 +79,21 @@ def test_guided_attention_gives_padded_words_zero_weight_and_zero_kl(variant):
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, SIZES.heads, 16))
     assert kl_padded.item() > 0
     torch.testing.assert_close(kl_padded, kl_short)
+
+
+@pytest.mark.parametrize("variant", ["wc", "lf"])
+def test_question_self_attention_leaves_padded_words_out_as_keys_and_as_queries(variant):
+    config = BamConfig(variant, k=1.0, sigma_q=0.5, beta=1e-2, d_mid=4)
+    question = torch.randn(2, 3, SIZES.hidden)
+    padded = torch.cat([question, 100 * torch.randn(2, 4, SIZES.hidden)], dim=1)
+    mask = torch.tensor([[True] * 3 + [False] * 4] * 2)
+    for reduction in ("sum", "mean"):  # a padded row neither adds KL nor counts in the mean
+        model = Silent(QuestionSelfAttention(config), objective=ObjectiveConfig(reduction=reduction))
+        kl_padded, weights = site_kl_and_weights(model, padded, mask)
+        kl_short, _ = site_kl_and_weights(model, question, torch.ones(2, 3, dtype=torch.bool))
+        assert torch.all(weights[..., 3:] == 0)
+        assert kl_padded.item() > 0
+        torch.testing.assert_close(kl_padded, kl_short)
 
 
 def test_padding_a_question_changes_no_prediction():
