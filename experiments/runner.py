@@ -13,7 +13,7 @@ for every task:
   from its checkpoint (written by epoch and every ``--checkpoint-minutes``); the same command
   started in several processes shares the sweep out, each run trained by one of them;
 - the tables (mean ± std per variant, the paired difference to soft with its confidence
-  interval, the paper's figure beside ours) as Markdown and CSV, and the paired-runs picture;
+  interval, the paper's figures beside ours) as Markdown and CSV, and the paired-runs picture;
 - user errors (an invalid setting, a missing data file, a finished run with other settings) end
   the command with one line and status 2, as argparse does, before any work; bugs keep their
   traceback.
@@ -156,7 +156,8 @@ class Task:
     ``load(settings, data_root)`` reads the data of one panel (called once per panel value, with
     the settings of one of its runs: data may depend only on settings all its runs share).
     ``metrics``: the columns the tables show (a tuple, or a function of the panel value), the
-    first one paired against soft and drawn. ``paper``: panel -> variant -> the paper's figure.
+    first one paired against soft and drawn. ``paper``: panel -> variant -> metric -> the paper's
+    figure as the paper prints it (``"83.00"``, ``"42M"``), shown as ``paper <metric>``.
     ``tables``: replaces the default table (results -> named tables). ``after_sweep``: draws
     task figures from the results into the output folder.
     """
@@ -171,7 +172,7 @@ class Task:
     presets: Callable[[str, str], Mapping[str, Any]] = lambda panel, variant: {}
     variants: Sequence[str] = tuple(VARIANTS)
     default_variants: Sequence[str] = ("soft", "wc")
-    paper: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    paper: Mapping[str, Mapping[str, Mapping[str, str]]] = field(default_factory=dict)
     tables: Optional[Callable[[pd.DataFrame], dict[str, pd.DataFrame]]] = None
     after_sweep: Optional[Callable[[pd.DataFrame, Path], None]] = None
     description: str = ""
@@ -328,7 +329,7 @@ def train_one(task: Task, settings: RunSettings, data: Any, folder: RunFolder, a
 
 def paired_table(task: Task, results: pd.DataFrame) -> pd.DataFrame:
     """Per panel and variant: mean ± std over seeds of each metric, the paired difference to soft of
-    the first metric with its confidence interval, and the paper's figure."""
+    the first metric with its confidence interval, and the paper's figures of each metric it gives."""
     tables = []
     for panel, runs in results.groupby(task.panel, sort=False):
         metrics = [m for m in task.metrics_of(panel) if m in runs]
@@ -336,10 +337,16 @@ def paired_table(task: Task, results: pd.DataFrame) -> pd.DataFrame:
         if metrics:
             paired = paired_difference(runs, [task.panel], metrics[0])[metrics[0]]
             table[f"{metrics[0]} - soft (paired)"] = paired.reindex(table.index).fillna("")
-        if task.paper:
-            table["paper"] = [task.paper.get(p, {}).get(v, "") for p, v in table.index]
+        paper = [task.paper.get(p, {}).get(v, {}) for p, v in table.index]
+        for metric in [m for m in metrics if any(m in figures for figures in paper)]:
+            table[f"paper {metric}"] = [figures.get(metric, "") for figures in paper]
         tables.append(table)
-    return pd.concat(tables) if tables else pd.DataFrame()
+    if not tables:
+        return pd.DataFrame()
+    table = pd.concat(tables)
+    paper_columns = [c for c in table if c.startswith("paper ")]
+    table[paper_columns] = table[paper_columns].fillna("")  # panels the paper gives no figure for
+    return table
 
 
 def write_tables(task: Task, results: pd.DataFrame, out: Path) -> dict[str, pd.DataFrame]:

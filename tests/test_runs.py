@@ -1,5 +1,5 @@
 """The runner and its records: options from settings fields, skip and refuse, one-line user errors,
-merging folders, paired tables, and a real CLI run killed mid-epoch that resumes exactly."""
+merging folders, paired tables with the paper's figures, and a real CLI run killed mid-epoch that resumes exactly."""
 
 import dataclasses
 import json
@@ -22,7 +22,7 @@ from bam_pyro import BamConfig, ObjectiveConfig
 from experiments import gat, glue
 from experiments.collect import main as collect_main
 from experiments.records import RunFolder, SettingsMismatch, new_record
-from experiments.runner import ATTENTION_FIELDS, OBJECTIVE_FIELDS, RunSettings, Task, build_parser, run_cli
+from experiments.runner import ATTENTION_FIELDS, OBJECTIVE_FIELDS, RunSettings, Task, build_parser, paired_table, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -154,6 +154,17 @@ def test_summary_writes_counts_whole_and_measures_as_mean_and_std():
     table = summarize(results, ["variant"], ["parameters", "epochs", "bleu"])
     assert table.loc["soft"].tolist() == [2, "8,911,936", "13.00 ± 1.41", "40.50 ± 0.71"]
     assert table.loc["wc"].tolist() == [1, "8,914,506", "13", "41.26"]
+
+
+def test_paired_table_shows_the_papers_figures_of_the_metrics_it_gives():
+    task = dataclasses.replace(TOY, metrics=("score", "speed", "size"),
+                               paper={"a": {"soft": {"score": "1.50"}, "wc": {"score": "2.00 ± 0.1", "size": "42M"}}})
+    results = pd.DataFrame(dict(dataset=["a", "a", "b"], variant=["soft", "wc", "wc"], seed=[0, 0, 0],
+                                score=[1.0, 2.0, 3.0], speed=[0.5, 0.6, 0.7], size=[10, 11, 11]))
+    table = paired_table(task, results)
+    assert [c for c in table if c.startswith("paper")] == ["paper score", "paper size"]  # none given for speed
+    assert table["paper score"].tolist() == ["1.50", "2.00 ± 0.1", ""]  # as the paper prints it; none for panel b
+    assert table["paper size"].tolist() == ["", "42M", ""]
 
 
 def test_paired_interval_covers_the_true_difference_at_its_stated_rate():
