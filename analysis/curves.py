@@ -4,7 +4,8 @@
 (``runs/*/record.json``: the per-epoch history and the early-stopping record) and writes
 ``curves.csv``, one row per run with the kept epoch's validation metrics next to the best each
 metric reached in the run, ``summary.md`` with their medians per run group (the runs of one panel
-and variant), and ``curves.png``, the validation curves with the kept epochs marked.
+and variant), and ``curves.png``, the validation curves with the kept epochs marked (a panel per
+run group, or with ``--overlay`` all groups on one axis).
 
 GAT's rule keeps the last epoch that improves validation loss and accuracy together; an accuracy
 peak early in training, while the loss is still falling, can be that epoch. This shows how far
@@ -21,6 +22,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from experiments.records import read_folders  # noqa: E402
@@ -70,29 +73,43 @@ def kept_versus_best(history: pd.DataFrame, record: dict) -> dict:
     return row
 
 
-def training_curves(run_records: Sequence[dict], path: Path) -> Path:
-    """The validation curves of runs (their records). One column per run group, one row per validation metric of any group (tasks have their
-    own metrics; a cell whose group's runs lack the metric is left out): a line per run, a dot at the
-    kept epoch. The axis leaves out the worst 5% of values (the first epochs), where they would
-    squeeze the rest into a band."""
+def training_curves(run_records: Sequence[dict], path: Path, overlay: bool = False) -> Path:
+    """:func:`curves_figure` written to ``path`` (PNG)."""
+    return save_figure(curves_figure(run_records, overlay), path)
+
+
+def curves_figure(run_records: Sequence[dict], overlay: bool = False) -> Figure:
+    """The validation curves of runs (their records): one row per validation metric of any group
+    (tasks have their own metrics; a cell whose runs lack the metric is left out), a line per run, a
+    dot at the kept epoch. One column per run group, or with ``overlay`` one column for all, a
+    colour per group: the comparison of variants at a glance. The axis leaves out the worst 5% of
+    values (the first epochs), where they would squeeze the rest into a band, and is logarithmic
+    where the values shown span more than a factor of 3."""
     curves = [run_curve(r) for r in run_records]
     histories = {info["run"]: history for history, info in curves}
     records = [info for _, info in curves]
     groups = list(dict.fromkeys(r["group"] for r in records))
+    colours = {group: f"C{i % 10}" for i, group in enumerate(groups)}
+    columns = [groups] if overlay else [[group] for group in groups]
     metrics = list(dict.fromkeys(m for r in records for m in validation_metrics(histories[r["run"]])))
+    width = 4.5 if overlay else 3.2
     fig, axes = plt.subplots(
-        len(metrics), len(groups), figsize=(3.2 * len(groups), 2.6 * len(metrics)), squeeze=False, sharex="col"
+        len(metrics), len(columns), figsize=(width * len(columns), 2.8 * len(metrics)), squeeze=False, sharex="col"
     )
-    for column, group in enumerate(groups):
+    for column, shown_groups in enumerate(columns):
         for row, metric in enumerate(metrics):
             ax = axes[row][column]
-            runs = [r for r in records if r["group"] == group and metric in histories[r["run"]]]
+            runs = [r for r in records if r["group"] in shown_groups and metric in histories[r["run"]]]
             if not runs:
                 ax.set_visible(False)
                 continue
+            labelled = set()
             for record in runs:
                 history = histories[record["run"]].set_index("epoch")[metric]
-                line, = ax.plot(history.index, history, lw=0.8, alpha=0.7)
+                colour = colours[record["group"]] if overlay else None
+                label = record["group"] if overlay and record["group"] not in labelled else None
+                labelled.add(record["group"])
+                line, = ax.plot(history.index, history, lw=0.8, alpha=0.7, color=colour, label=label)
                 ax.plot(record["kept_epoch"], history.loc[record["kept_epoch"]], "o", ms=4, color=line.get_color())
             values = pd.concat([histories[r["run"]][metric] for r in runs])
             low, high = values.min(), values.max()
@@ -100,22 +117,33 @@ def training_curves(run_records: Sequence[dict], path: Path) -> Path:
                 high = values.quantile(0.95)
             else:
                 low = values.quantile(0.05)
-            margin = 0.05 * (high - low) or 0.01
-            ax.set_ylim(low - margin, high + margin)
+            if low > 0 and high > 3 * low:  # a perplexity falling from 30 to 6: the last epochs stay apart
+                ax.set_yscale("log")
+                ax.set_ylim(low / 1.05, high * 1.05)
+                for axis_ticks in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+                    axis_ticks(FuncFormatter(lambda value, _: f"{value:g}"))  # 6, 7, 10, 20: not 6 x 10^0
+            else:
+                margin = 0.05 * (high - low) or 0.01
+                ax.set_ylim(low - margin, high + margin)
+            if overlay:
+                ax.legend(fontsize=7, frameon=False)
         shown = [ax for ax in axes[:, column] if ax.get_visible()]
-        shown[0].set_title(group, fontsize=10)
+        if not overlay:
+            shown[0].set_title(shown_groups[0], fontsize=10)
         shown[-1].set_xlabel("epoch")
         shown[-1].xaxis.set_tick_params(labelbottom=True)  # sharex labels only the bottom row, which may be left out
     for row, metric in enumerate(metrics):
         next(ax for ax in axes[row] if ax.get_visible()).set_ylabel(metric)
     fig.suptitle("validation curves, one line per run; dots: the epochs early stopping kept", fontsize=10)
-    return save_figure(fig, path)
+    fig.tight_layout()
+    return fig
 
 
 def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(prog="python -m analysis.curves", description=__doc__.split("\n\n")[0])
     parser.add_argument("folders", nargs="+", type=Path, help="output folders of task scripts (each with runs/*/record.json)")
     parser.add_argument("--out", type=Path, required=True, help="folder for curves.csv, summary.md, curves.png")
+    parser.add_argument("--overlay", action="store_true", help="all run groups on one axis per metric, a colour each")
     args = parser.parse_args(argv)
     runs = [r for r in read_folders(args.folders) if r.get("training")]
     for record in runs:
@@ -126,7 +154,7 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     summary = table.drop(columns="run").groupby("group", sort=False).median().round(3).add_prefix("median ")
     summary.insert(0, "runs", table.groupby("group", sort=False).size())
     (args.out / "summary.md").write_text(summary.to_markdown() + "\n")
-    training_curves(runs, args.out / "curves.png")
+    training_curves(runs, args.out / "curves.png", overlay=args.overlay)
     print(summary.to_markdown())
     return table
 

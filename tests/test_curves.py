@@ -4,6 +4,9 @@ import pandas as pd
 import pytest
 import torch
 
+import matplotlib.pyplot as plt
+
+from analysis.curves import curves_figure
 from analysis.curves import main as curves_main
 from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.training import EarlyStopping, SVITrainer, seed_everything
@@ -14,9 +17,14 @@ from models.gat import build_node_classifier
 from .conftest import random_graph
 
 
-def save_record(out, name: str, history: list[dict], kept: int, monitors=None) -> None:
+def toy_record(name: str, history: list[dict], kept: int, monitors=None) -> dict:
     training = {"epochs": len(history), "best_epoch": kept, "monitors": monitors, "history": history, "seconds": 1.0}
-    RunFolder(out).save(name, new_record("toy", {"seed": 0}, {}, training, 1.0))
+    return {**new_record("toy", {"seed": 0}, {}, training, 1.0), "run": name}
+
+
+def save_record(out, name: str, history: list[dict], kept: int, monitors=None) -> None:
+    record = toy_record(name, history, kept, monitors)
+    RunFolder(out).save(name, {k: v for k, v in record.items() if k != "run"})
 
 
 def train_run(out, name: str, seed: int) -> tuple[list[dict], int]:
@@ -89,3 +97,21 @@ def test_curves_of_runs_with_different_metrics(tmp_path):
     assert table.loc["toy-wc-seed0", "kept_val_loss"] > 0
     assert not any("seconds" in column for column in table.columns)
     assert (tmp_path / "out" / "curves.png").stat().st_size > 10_000
+
+
+def test_overlaid_curves_share_one_axis_a_colour_per_group_and_a_log_scale_over_a_wide_range():
+    def perplexities(start):  # falls from start to about 6: a wide range
+        return [{"epoch": e, "loss": 1.0, "val_ppl": 6 + start / (e + 1) ** 2} for e in range(6)]
+
+    records = [toy_record(f"mt-{variant}-seed{seed}", perplexities(30 + seed), 5, {"val_ppl": "min"})
+               for variant in ("soft", "wc") for seed in (0, 1)]
+    overlaid, apart = curves_figure(records, overlay=True), curves_figure(records)
+    (ax,) = overlaid.axes
+    assert [text.get_text() for text in ax.get_legend().get_texts()] == ["mt-soft", "mt-wc"]  # a group once
+    colours = [line.get_color() for line in ax.get_lines() if not line.get_marker() or line.get_marker() == "None"]
+    assert colours[0] == colours[1] != colours[2] == colours[3]  # seeds share their group's colour
+    assert ax.get_yscale() == "log"
+    assert len(apart.axes) == 2 and all(a.get_title() in ("mt-soft", "mt-wc") for a in apart.axes)
+    narrow = [toy_record("mt-soft-seed0", [{"epoch": e, "val_acc": 80.0 + e} for e in range(4)], 3)]
+    assert curves_figure(narrow, overlay=True).axes[0].get_yscale() == "linear"
+    plt.close("all")
