@@ -38,27 +38,43 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import torch
 from pyro import poutine
 from pyro.distributions.util import scale_and_mask
+from pyro.infer import ELBO
 from pyro.infer.enum import get_importance_trace
 from torch import Tensor
 from torch.distributions import kl_divergence
 
 
-class AlignmentELBO:
+class AlignmentELBO(ELBO):
     """Negative ELBO of a model with one local categorical latent site (see module doc).
 
-    Use as any Pyro ELBO: ``AlignmentELBO().differentiable_loss(model, guide, *args, **kwargs)``;
-    the guide may be a function or a ``GuideMessenger``. ``max_plate_nesting``: the model's plate
-    dims (the enumeration dim is the one to their left).
+    A Pyro ``ELBO``: ``differentiable_loss(model, guide, *args, **kwargs)``, ``loss`` and
+    ``loss_and_grads`` (so ``SVI(model, guide, pyro.optim.Adam(...), loss=AlignmentELBO())``
+    trains with it), and ``elbo(model, guide)``, a module whose forward is the loss. The guide
+    may be a function or a ``GuideMessenger``. ``max_plate_nesting``: the model's plate dims
+    (the enumeration dim is the one to their left). One particle: the estimator is the paper's.
     """
 
     def __init__(self, max_plate_nesting: int = 2) -> None:
-        self.max_plate_nesting = max_plate_nesting
+        super().__init__(max_plate_nesting=max_plate_nesting)
+
+    def _get_trace(self, model: Callable, guide: Callable, args: tuple, kwargs: dict) -> tuple:
+        return get_importance_trace("flat", self.max_plate_nesting, model, guide, args, kwargs)
+
+    def loss(self, model: Callable, guide: Callable, *args: Any, **kwargs: Any) -> float:
+        with torch.no_grad():
+            return float(self.differentiable_loss(model, guide, *args, **kwargs))
+
+    def loss_and_grads(self, model: Callable, guide: Callable, *args: Any, **kwargs: Any) -> float:
+        loss = self.differentiable_loss(model, guide, *args, **kwargs)
+        loss.backward()
+        return float(loss.detach())
 
     def differentiable_loss(self, model: Callable, guide: Callable, *args: Any, **kwargs: Any) -> Tensor:
         guide = poutine.enum(guide, first_available_dim=-1 - self.max_plate_nesting)
-        model_trace, guide_trace = get_importance_trace("flat", self.max_plate_nesting, model, guide, args, kwargs)
+        model_trace, guide_trace = self._get_trace(model, guide, args, kwargs)
         latent = [site for site in guide_trace.nodes.values() if site["type"] == "sample" and not site["is_observed"]]
         observed = [site for site in model_trace.nodes.values() if site["type"] == "sample" and site["is_observed"]]
         if len(latent) != 1 or len(observed) != 1:

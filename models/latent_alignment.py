@@ -216,6 +216,7 @@ class LatentAlignmentModel(BamModel):
 
     def model(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, tgt_mask: Tensor,
               tgt_out: Optional[Tensor] = None) -> Tensor:
+        self.register_parameters()  # Pyro's SVI trains the params a model declares (BamModel.model's rule)
         memory = self.network.encode(src, src_mask)
         steps = self.network.decoder_states(memory, tgt_in)
         alignment_logits = masked_scores(steps.scores, memory.mask.unsqueeze(-2))

@@ -17,7 +17,8 @@ import pyro.distributions as dist
 import pytest
 import torch
 from pyro import poutine
-from pyro.infer import Predictive, TraceEnum_ELBO
+import pyro.optim
+from pyro.infer import SVI, Predictive, TraceEnum_ELBO
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
@@ -488,6 +489,32 @@ def test_each_variant_learns_a_toy_copy_task(variant):
         predicted = model.eval().log_probs(src, src_mask, tgt_in, tgt_mask).argmax(-1)
     accuracy = (predicted == tgt_out)[tgt_mask].float().mean().item()
     assert accuracy > 0.55, f"{variant}: held-out accuracy {accuracy:.2f}"
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_pyro_svi_with_pyro_optim_takes_the_same_step_as_the_torch_path(variant):
+    """``SVI(model.model, guide, pyro.optim.Adam, loss=elbo_for(variant))``, the Pyro user's call:
+    the same loss and the same parameter update as Adam on ``differentiable_loss`` (the trainer's)."""
+    batch = toy_batch()
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(build(variant))
+    by_svi, by_torch = models
+    pyro.clear_param_store()
+    pyro.set_rng_seed(1)
+    svi = SVI(by_svi.model, guide_for(by_svi), pyro.optim.Adam({"lr": 0.01}), loss=elbo_for(variant))
+    svi_loss = svi.step(*batch)
+    pyro.set_rng_seed(1)
+    loss = elbo_for(variant).differentiable_loss(by_torch.model, guide_for(by_torch), *batch)
+    optimizer = torch.optim.Adam(by_torch.parameters(), lr=0.01)
+    loss.backward()
+    optimizer.step()
+    assert svi_loss == pytest.approx(loss.item(), rel=1e-6)
+    for (name, trained), expected in zip(by_svi.named_parameters(), by_torch.parameters()):
+        torch.testing.assert_close(trained, expected, msg=name)
+    assert not torch.equal(by_svi.network.output.weight, build(variant).network.output.weight)  # it moved
+    pyro.clear_param_store()
 
 
 # --- bad input ----------------------------------------------------------------------------------
