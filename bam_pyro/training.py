@@ -126,8 +126,10 @@ class EarlyStopping:
         return self.waited >= self.patience
 
     def state_dict(self) -> dict[str, Any]:
-        """The running record, and the monitors so a checkpoint says which way each metric improves."""
-        return {k: getattr(self, k) for k in ("monitors", "best", "best_epoch", "best_state", "waited")}
+        """The running record, the monitors (so a checkpoint says which way each metric improves)
+        and the rule (patience, start epoch: what ``experiments.status`` reads to tell the epochs left)."""
+        keys = ("monitors", "patience", "start_epoch", "best", "best_epoch", "best_state", "waited")
+        return {k: getattr(self, k) for k in keys}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = state.get("monitors", self.monitors)
@@ -178,6 +180,8 @@ class SVITrainer:
         self.checkpoint_every = checkpoint_every
         self.checkpoint_seconds = checkpoint_seconds
         self.metadata = dict(metadata or {})
+        #: what the current ``fit`` call was asked for (saved with checkpoints, for progress reports)
+        self.plan: dict[str, Optional[int]] = {"max_epochs": None, "steps_per_epoch": None}
         self.grad_clip = grad_clip
         self.epoch = 0
         self.history: list[dict[str, float]] = []
@@ -227,6 +231,7 @@ class SVITrainer:
         generator seeded by the epoch: a resume inside an epoch replays it from the epoch's start."""
         if self.checkpoint is not None and self.checkpoint.exists():
             self.load(self.checkpoint, early_stopping)
+        self.plan = {"max_epochs": max_epochs, "steps_per_epoch": steps_per_epoch}
         start = time.perf_counter() - self.seconds  # the run's clock, a resumed run's included
         self._last_save = time.perf_counter()
         stopped = early_stopping is not None and early_stopping.waited >= early_stopping.patience
@@ -301,6 +306,7 @@ class SVITrainer:
             "early_stopping": early_stopping.state_dict() if early_stopping else None,
             "rng": rng_state(),
             "metadata": self.metadata,
+            "plan": self.plan,
         }
 
     def save(self, path: os.PathLike, early_stopping: Optional[EarlyStopping] = None) -> None:

@@ -26,6 +26,7 @@ import pandas as pd
 
 RECORD = "record.json"
 CHECKPOINT = "checkpoint.pt"
+LOCK = ".lock"
 
 
 class SettingsMismatch(ValueError):
@@ -108,13 +109,36 @@ class RunFolder:
         that the system lets go of however the holder ends, so a killed run is free to resume."""
         path = self.run_dir(name)
         path.mkdir(parents=True, exist_ok=True)
-        with open(path / ".lock", "w") as lock:
+        with open(path / LOCK, "a+") as lock:  # not "w": truncating would erase the holder's pid
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 yield False
                 return
-            yield True
+            lock.truncate(0)
+            lock.write(str(os.getpid()))  # who trains it, for experiments.status
+            lock.flush()
+            try:
+                yield True
+            finally:
+                lock.truncate(0)
+
+    def holder(self, name: str) -> Optional[int]:
+        """The pid of the live process that holds run ``name`` (see :meth:`claimed`), else None.
+        Read without taking the lock, so that looking never keeps a worker from a run."""
+        try:
+            pid = int((self.run_dir(name) / LOCK).read_text() or 0)
+        except (FileNotFoundError, ValueError):
+            return None
+        if pid <= 0:
+            return None
+        try:
+            os.kill(pid, 0)  # a killed holder leaves its pid behind: is it still alive?
+        except ProcessLookupError:
+            return None
+        except PermissionError:  # alive, another user's
+            pass
+        return pid
 
     def save(self, name: str, record: Mapping[str, Any]) -> Path:
         """Write a run's record atomically (a reader never sees half a file)."""

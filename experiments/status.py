@@ -1,0 +1,115 @@
+"""Where a sweep stands: one row per run of one or more output folders, finished or not.
+
+    python -m experiments.status runs/nmt runs/nmt-2epochs
+
+A run is ``finished`` (its record is written), ``training`` (a live process holds its claim: the
+pid is shown), ``paused`` (a checkpoint and no process: the sweep's command resumes it) or
+``claimed`` (a folder without checkpoint yet). For the unfinished ones: the epoch and step reached,
+the hours trained, the monitored metric's last values, the best epoch, and the epochs and hours
+left: at most up to ``max_epochs``; at least until early stopping could end it (``patience`` epochs
+without improvement, counted from the warm-up's end), at the run's mean time per epoch so far.
+Reads checkpoints without loading their tensors (memory-mapped), and takes no lock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import pandas as pd
+import torch
+
+from experiments.records import CHECKPOINT, RECORD, RunFolder
+
+
+def epochs_done(state: dict[str, Any]) -> float:
+    """Epochs a checkpointed run has trained, the current one's fraction included when known."""
+    steps_per_epoch = (state.get("plan") or {}).get("steps_per_epoch")
+    return state["epoch"] + (state["step_in_epoch"] / steps_per_epoch if steps_per_epoch else 0.0)
+
+
+def epochs_left(state: dict[str, Any]) -> tuple[Optional[float], Optional[float]]:
+    """(fewest, most) epochs a checkpointed run has left; None where the checkpoint does not say
+    (it predates the saved plan)."""
+    plan = state.get("plan") or {}
+    done = epochs_done(state)
+    most = plan["max_epochs"] - done if plan.get("max_epochs") is not None else None
+    stopping = state.get("early_stopping") or {}
+    if "patience" not in stopping:
+        return (most if not stopping else None), most
+    # early stopping's next chance: patience - waited more evaluations, none counted before the warm-up's end
+    counted_from = max(stopping.get("start_epoch", 0), state["epoch"])
+    fewest = counted_from + stopping["patience"] - stopping["waited"] - done
+    return (min(fewest, most) if most is not None else fewest), most
+
+
+def run_status(folder: RunFolder, name: str) -> dict[str, Any]:
+    """One run's row (see module doc)."""
+    row: dict[str, Any] = {"folder": str(folder.out), "run": name}
+    record = folder.record(name)
+    if record is not None:
+        training = record.get("training") or {}
+        return {**row, "state": "finished", "epoch": training.get("epochs"), "best epoch": training.get("best_epoch"),
+                "hours": round(record["wall_seconds"] / 3600, 2)}
+    pid = folder.holder(name)
+    checkpoint = folder.run_dir(name) / CHECKPOINT
+    if not checkpoint.is_file():
+        return {**row, "state": f"training (pid {pid})" if pid else "claimed"}
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+    stopping = state.get("early_stopping") or {}
+    monitors = list(stopping.get("monitors") or {})
+    done = epochs_done(state)
+    fewest, most = epochs_left(state)
+    per_epoch = state["seconds"] / done if done else math.nan
+    row.update({
+        "state": f"training (pid {pid})" if pid else "paused",
+        "epoch": state["epoch"], "step": state["step_in_epoch"], "best epoch": stopping.get("best_epoch"),
+        "hours": round(state["seconds"] / 3600, 2),
+    })
+    if monitors:
+        last = [f"{h[monitors[0]]:.4g}" for h in state["history"][-3:] if monitors[0] in h]
+        row[f"last {monitors[0]}"] = ", ".join(last)
+    row["epochs left"] = _span(fewest, most, "{:.1f}")
+    row["hours left"] = _span(*(None if e is None else e * per_epoch / 3600 for e in (fewest, most)), "{:.1f}")
+    return row
+
+
+def _span(low: Optional[float], high: Optional[float], form: str) -> str:
+    if low is None and high is None:
+        return "?"
+    if low is None or high is None or math.isclose(low, high):
+        return form.format(low if high is None else high)
+    return f"{form.format(max(low, 0.0))}-{form.format(high)}"
+
+
+def sweep_status(folders: Sequence[Path]) -> pd.DataFrame:
+    """Every run of the folders, finished or not, in folder and name order."""
+    rows = []
+    for out in folders:
+        folder = RunFolder(out)
+        names = sorted(p.name for p in (folder.out / "runs").glob("*") if p.is_dir())
+        if not names:
+            raise FileNotFoundError(f"no runs in {out} (no runs/*/): not an output folder?")
+        rows += [run_status(folder, name) for name in names]
+    table = pd.DataFrame(rows, dtype=object)  # object: whole numbers stay whole beside empty cells
+    first = [c for c in ("folder", "run", "state", "epoch", "step", "best epoch", "hours") if c in table]
+    last = [c for c in ("epochs left", "hours left") if c in table]
+    return table[first + [c for c in table if c not in first + last] + last]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
+    parser = argparse.ArgumentParser(prog="python -m experiments.status", description=__doc__.split("\n\n")[0])
+    parser.add_argument("folders", nargs="+", type=Path, help=f"output folders of task scripts (runs/*/ with {RECORD} or {CHECKPOINT})")
+    args = parser.parse_args(argv)
+    try:
+        table = sweep_status(args.folders)
+    except FileNotFoundError as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    print(table.fillna("").to_markdown(index=False, disable_numparse=True))
+    return table
+
+
+if __name__ == "__main__":
+    main()
