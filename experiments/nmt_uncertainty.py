@@ -6,14 +6,15 @@ steps is one sample site after the recurrent loop, so a chunk of draws is one pa
 call and the output layer. Each draw is teacher forced on the reference translation, so it is the
 attention posterior given the source and the target prefix of every step.
 
-Written into ``folder``:
+Written into ``folder`` (where the other tasks write theirs):
 
-- ``attention_sentence<i>.png``: for one sentence, the posterior mean of the weights (target
+- ``figures/attention.png``: for the first sentence, the posterior mean of the weights (target
   piece x source piece), their posterior standard deviation, and the prior's attention (the
   contextual prior's Psi, the same for every target step): how the data move each step's attention
   away from a per-key prior (the paper's Figure 1, for translation);
-- ``attention_summary.csv``: ``az.summary`` of every valid entry of the chosen sentences (mean, sd,
-  HDI, ESS, R-hat) over independent chains of draws (:mod:`analysis.diagnostics`).
+- ``diagnostics/attention.nc``: the draws of every valid entry of the chosen sentences as ArviZ
+  data, over independent chains of draws (:mod:`analysis.diagnostics`), and
+  ``diagnostics/attention-summary.csv``, their ``az.summary`` (mean, sd, HDI, ESS, R-hat).
 """
 
 from __future__ import annotations
@@ -98,12 +99,14 @@ def attention_uncertainty(model: BamModel, data: Multi30k, folder: Path, draws: 
     source, target = pieces(data, batch.src[0], batch.src_mask[0]), pieces(data, batch.tgt_out[0], batch.tgt_mask[0])
     first = np.concatenate([w[:, 0, : len(target), : len(source)] for w, _ in runs])  # the first sentence's entries
     written["figure"] = heatmap(first.mean(0), first.std(0), prior[0], source, target,
-                                folder / f"attention_sentence{sentences[0]}.png")
+                                folder / "figures" / "attention.png")
     queries = [f"{s}:{j}" for s in sentences for j in range(batch.tgt_in.size(1))]
     as_maps = lambda a: {"attention": a.reshape(a.shape[0], 1, -1, a.shape[-1])}  # noqa: E731  [draw, head, query, key]
     idata = attention_inference_data([as_maps(w) for w, _ in runs], queries=queries,
                                      prior_chains=[as_maps(np.broadcast_to(p, w.shape)) for w, p in runs])
-    summary = attention_summary(idata)
-    written["summary"] = folder / "attention_summary.csv"
-    summary.to_csv(written["summary"])
+    written["draws"] = folder / "diagnostics" / "attention.nc"
+    written["draws"].parent.mkdir(parents=True, exist_ok=True)
+    idata.to_netcdf(written["draws"])
+    written["summary"] = folder / "diagnostics" / "attention-summary.csv"
+    attention_summary(idata).to_csv(written["summary"])
     return written

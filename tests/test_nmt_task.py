@@ -138,14 +138,15 @@ def test_a_run_reports_its_metrics_and_writes_the_attention_posterior(toy_root, 
     assert ctx.fit_result.epochs == 2 and metrics["val_ppl"] < data.vocab_size / 2  # better than uniform
     assert metrics["parameters"] == sum(p.numel() for p in nmt.build_trainable(run, data.vocab_size).model.parameters())
     assert 0 < metrics["seconds_per_step"] < 5 and 0 <= metrics["test_bleu"] <= 100
-    assert (tmp_path / "attention_sentence0.png").stat().st_size > 10_000
-    summary = pd.read_csv(tmp_path / "attention_summary.csv")
+    assert (tmp_path / "figures" / "attention.png").stat().st_size > 10_000
+    assert (tmp_path / "diagnostics" / "attention.nc").is_file()
+    summary = pd.read_csv(tmp_path / "diagnostics" / "attention-summary.csv")
     assert {"mean", "sd", "hdi_3%", "hdi_97%", "ess_bulk", "r_hat"} <= set(summary.columns)
     # independent draws: R-hat near 1 and ESS near the number of draws (2 chains of 20)
     assert len(summary) > 0 and abs(summary["r_hat"].median() - 1) < 0.05 and summary["ess_bulk"].median() > 20
     soft = settings("soft", max_epochs=1, uncertainty_draws=20, max_train=32)
     nmt.train_run(soft, data, context(tmp_path / "soft", soft))
-    assert not (tmp_path / "soft" / "attention_summary.csv").exists()  # soft attention has no posterior
+    assert not (tmp_path / "soft" / "diagnostics").exists()  # soft attention has no posterior
 
 
 class Crash(Exception):
