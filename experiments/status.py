@@ -39,9 +39,11 @@ def epochs_left(state: dict[str, Any]) -> tuple[Optional[float], Optional[float]
     stopping = state.get("early_stopping") or {}
     if "patience" not in stopping:
         return (most if not stopping else None), most
-    # early stopping's next chance: patience - waited more evaluations, none counted before the warm-up's end
-    counted_from = max(stopping.get("start_epoch", 0), state["epoch"])
-    fewest = counted_from + stopping["patience"] - stopping["waited"] - done
+    if stopping["best"]:  # it stops once patience - waited more epochs bring no improvement
+        stop_after = state["epoch"] + stopping["patience"] - stopping["waited"]
+    else:  # the first epoch it counts (none before the warm-up's end) is its best, then patience more
+        stop_after = max(stopping.get("start_epoch", 0), state["epoch"]) + 1 + stopping["patience"]
+    fewest = stop_after - done
     return (min(fewest, most) if most is not None else fewest), most
 
 

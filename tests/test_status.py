@@ -50,8 +50,8 @@ def test_status_tells_finished_paused_training_and_the_epochs_left(tmp_path):
     # best at epoch 1, one epoch without improvement since: early stopping (patience 4) can end it
     # after 3 more epochs, max_epochs after 7
     interrupted_run(folder, "toy-wc-seed0", [1.0, 0.5, 0.7], EarlyStopping({"val_loss": "min"}, patience=4))
-    # a warm-up of 5 epochs counts nothing: 5 + 4 - 3 = 6 epochs at the least
-    interrupted_run(folder, "toy-wc-seed1", [1.0, 0.5, 0.7], EarlyStopping({"val_loss": "min"}, patience=4, start_epoch=5))
+    # a warm-up of 3 epochs: nothing counted yet; the 4th epoch is the first best, then 4 more: 5 left
+    interrupted_run(folder, "toy-wc-seed1", [1.0, 0.5, 0.7], EarlyStopping({"val_loss": "min"}, patience=4, start_epoch=3))
     folder.run_dir("toy-wc-seed2").mkdir(parents=True)
 
     with folder.claimed("toy-wc-seed1") as mine:
@@ -62,7 +62,7 @@ def test_status_tells_finished_paused_training_and_the_epochs_left(tmp_path):
     assert paused[["state", "epoch", "step", "best epoch"]].tolist() == ["paused", 3, 0, 1]
     assert paused["last val_loss"] == "1, 0.5, 0.7" and paused["epochs left"] == "3.0-7.0"
     assert table.loc["toy-wc-seed1", "state"] == f"training (pid {os.getpid()})"
-    assert table.loc["toy-wc-seed1", "epochs left"] == "6.0-7.0"
+    assert table.loc["toy-wc-seed1", "epochs left"] == "5.0-7.0"
     assert table.loc["toy-wc-seed2", "state"] == "claimed"
     # the claim is given back: nobody trains it now
     assert sweep_status([folder.out]).set_index("run").loc["toy-wc-seed1", "state"] == "paused"
