@@ -4,7 +4,8 @@
 
 A run is ``finished`` (its record is written), ``training`` (a live process holds its claim: the
 pid is shown), ``paused`` (a checkpoint and no process: the sweep's command resumes it) or
-``claimed`` (a folder without checkpoint yet). For the unfinished ones: the epoch and step reached,
+``not started`` (a folder, no checkpoint and no process: a run killed before its first checkpoint
+starts over). For the unfinished ones: the epoch and step reached,
 the hours trained, the monitored metric's last values, the best epoch, and the epochs and hours
 left: at most up to ``max_epochs``; at least until early stopping could end it (``patience`` epochs
 without improvement, counted from the warm-up's end), at the run's mean time per epoch so far.
@@ -58,7 +59,7 @@ def run_status(folder: RunFolder, name: str) -> dict[str, Any]:
     pid = folder.holder(name)
     checkpoint = folder.run_dir(name) / CHECKPOINT
     if not checkpoint.is_file():
-        return {**row, "state": f"training (pid {pid})" if pid else "claimed"}
+        return {**row, "state": f"training (pid {pid})" if pid else "not started"}
     state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
     stopping = state.get("early_stopping") or {}
     monitors = list(stopping.get("monitors") or {})

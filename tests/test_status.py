@@ -63,7 +63,7 @@ def test_status_tells_finished_paused_training_and_the_epochs_left(tmp_path):
     assert paused["last val_loss"] == "1, 0.5, 0.7" and paused["epochs left"] == "3.0-7.0"
     assert table.loc["toy-wc-seed1", "state"] == f"training (pid {os.getpid()})"
     assert table.loc["toy-wc-seed1", "epochs left"] == "5.0-7.0"
-    assert table.loc["toy-wc-seed2", "state"] == "claimed"
+    assert table.loc["toy-wc-seed2", "state"] == "not started"
     # the claim is given back: nobody trains it now
     assert sweep_status([folder.out]).set_index("run").loc["toy-wc-seed1", "state"] == "paused"
 
