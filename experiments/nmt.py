@@ -18,10 +18,10 @@ The training loss printed for BAM variants is not a perplexity: under the ``mean
 adds the KL per attention entry, which with the contextual Gamma prior's tiny shape
 (``alpha = Psi * beta``, beta = 1e-6) holds a constant of about ``-log alpha ~ 16`` nats.
 
-For the first seed (``uncertainty_seed``) of a variant with an attention prior, the run also
-writes the posterior of the attention of a few validation sentences into its folder
-(:mod:`experiments.nmt_uncertainty`): a heatmap of posterior mean, spread and prior, and the
-ArviZ summary (ESS, R-hat, HDI).
+For the first seed (``uncertainty_seed``) of a variant whose attention has a posterior of its own
+(BAM with a prior, variational attention), the run also writes the posterior of the attention of a
+few validation sentences into its folder (:mod:`experiments.nmt_uncertainty`): a heatmap of
+posterior mean, spread and prior, and the ArviZ summary (ESS, R-hat, HDI).
 
 ``va-relaxed`` follows Deng et al.'s Algorithm 2: its first ``jensen_epochs`` epochs (by default a
 third of ``max_epochs``; the paper gives no number) fit the Jensen bound with q = p, and only then
@@ -263,6 +263,14 @@ def count_parameters(model: torch.nn.Module) -> int:
 # --- one run -------------------------------------------------------------------------------------
 
 
+def has_attention_posterior(settings: NmtSettings) -> bool:
+    """Whether the variant's attention has a posterior other than its prior to draw: BAM with a
+    prior, or variational attention (q from an inference network; hard attention's q is p)."""
+    if settings.variant in ALIGNMENT_VARIANTS:
+        return ALIGNMENT_VARIANTS[settings.variant].guide == "inference"
+    return settings.attention.prior is not None
+
+
 def early_stopping(settings: NmtSettings) -> EarlyStopping:
     """On validation perplexity, after va-relaxed's warm start (an initialization, no candidate model)."""
     return EarlyStopping({"val_ppl": "min"}, settings.patience, start_epoch=settings.warm_epochs)
@@ -294,7 +302,7 @@ def train_run(settings: NmtSettings, data: Multi30k, run: RunContext) -> dict[st
         scores[f"{name}_ppl"] = perplexity(model, split, settings.eval_batch_size)
         hypotheses = translate(model, data, split, settings.beam_size, settings.length_penalty, settings.eval_batch_size)
         scores[f"{name}_bleu"] = bleu(hypotheses, split.references)
-    if settings.seed == settings.uncertainty_seed and settings.uncertainty_draws and settings.attention.prior is not None:
+    if settings.seed == settings.uncertainty_seed and settings.uncertainty_draws and has_attention_posterior(settings):
         from experiments.nmt_uncertainty import attention_uncertainty
 
         attention_uncertainty(model, data, run.folder, draws=settings.uncertainty_draws, seed=settings.seed)

@@ -1,10 +1,16 @@
 """The posterior of a translation model's attention for a few sentences: a figure and ArviZ diagnostics.
 
-Draws come from ``pyro.infer.Predictive`` over the model and its attention guide
-(:func:`bam_pyro.predictive.predictive_draws`), vectorized over draws: the attention of all target
-steps is one sample site after the recurrent loop, so a chunk of draws is one pass through that
-call and the output layer. Each draw is teacher forced on the reference translation, so it is the
-attention posterior given the source and the target prefix of every step.
+Draws come from ``pyro.infer.Predictive`` over the model and its guide, vectorized over draws:
+
+- BAM (:func:`attention_draws`, through :func:`bam_pyro.predictive.predictive_draws`): the
+  attention of all target steps is one sample site after the recurrent loop, so a chunk of draws is
+  one pass through that call and the output layer; the prior beside it is the contextual prior's
+  mean. Each draw is teacher forced on the reference translation: the attention posterior given the
+  source and the target prefix of every step.
+- Variational attention (:func:`alignment_draws`, the ``va-*`` variants of
+  :mod:`models.latent_alignment`): alignments from q(z | x, y), the inference network reading the
+  whole reference (one-hot for the categorical variants, so that their mean estimates q; Dirichlet
+  weights for ``va-relaxed``); the prior beside it is the model's attention p(z_j | x, y_<j).
 
 Written into ``folder`` (where the other tasks write theirs):
 
@@ -25,11 +31,15 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from pyro.infer import Predictive
+
 from analysis.diagnostics import attention_inference_data, attention_summary
 from analysis.plots import plt, save_figure
 from bam_pyro import BamModel
 from bam_pyro.predictive import predictive_draws
 from experiments.multi30k import Multi30k, ParallelBatch
+from guides.alignment import guide_for
+from models.latent_alignment import ALIGNMENT, LatentAlignmentModel, masked_scores
 
 #: validation sentences whose attention is drawn (the first ones of the file)
 SENTENCES = (0, 1, 2)
@@ -64,6 +74,25 @@ def attention_draws(model: BamModel, batch: ParallelBatch, draws: int, seed: int
     return np.where(valid, posterior, np.nan), np.where(valid, prior, np.nan)
 
 
+def alignment_draws(model: LatentAlignmentModel, batch: ParallelBatch, draws: int,
+                    seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Posterior alignments ``[draws, B, T, S]`` from q(z | x, y) and the model's attention
+    p(z | x, y_<j) ``[B, T, S]`` (NaN at padded entries), with their own RNG stream."""
+    args, kwargs = batch.model_args
+    with torch.random.fork_rng(), torch.no_grad():
+        torch.manual_seed(seed)
+        predictive = Predictive(model.model, guide=guide_for(model), num_samples=draws, parallel=True,
+                                return_sites=[ALIGNMENT])
+        posterior = predictive(*args, **kwargs)[ALIGNMENT]
+        if not model.spec.relaxed:
+            posterior = torch.nn.functional.one_hot(posterior, batch.src.size(1)).float()
+        memory = model.network.encode(batch.src, batch.src_mask)
+        scores = model.network.decoder_states(memory, batch.tgt_in).scores
+        prior = masked_scores(scores, memory.mask.unsqueeze(-2)).softmax(-1)
+    valid = (batch.tgt_mask[:, :, None] & batch.src_mask[:, None, :]).numpy()
+    return np.where(valid, posterior.numpy(), np.nan), np.where(valid, prior.numpy(), np.nan)
+
+
 def pieces(data: Multi30k, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
     return [data.bpe.id_to_piece(int(i)) for i in ids[mask]]
 
@@ -92,7 +121,8 @@ def attention_uncertainty(model: BamModel, data: Multi30k, folder: Path, draws: 
     """Draw the attention posterior of validation ``sentences`` and write the figure of the first
     and the summary of all (see module doc). Returns the written paths."""
     batch = data.val.batch(list(sentences))
-    runs = [attention_draws(model, batch, draws, seed=1000 * seed + chain) for chain in range(chains)]
+    draw = alignment_draws if isinstance(model, LatentAlignmentModel) else attention_draws
+    runs = [draw(model, batch, draws, seed=1000 * seed + chain) for chain in range(chains)]
     prior = runs[0][1]
     folder = Path(folder)
     written = {}

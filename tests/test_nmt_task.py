@@ -2,17 +2,25 @@
 
 import math
 
+import arviz as az
+import numpy as np
 import pandas as pd
 import pytest
 import torch
+from pyro import poutine
 
 from bam_pyro.training import SVITrainer
 from experiments import nmt
-from experiments.multi30k import EOS, EncodedSplit, make_batch
+from experiments.multi30k import EOS, EncodedSplit, ParallelBatch, make_batch
+from experiments.nmt_uncertainty import alignment_draws
+from guides.alignment import guide_for
+from models.latent_alignment import ALIGNMENT, masked_scores
 from experiments.records import CHECKPOINT
 from experiments.runner import RunContext
 from models.nmt import DecoderOutputs, DecoderState, Memory
 from tests.nmt_support import write_corpus
+from tests.test_latent_alignment import build as build_alignment_model
+from tests.test_latent_alignment import toy_batch
 
 
 @pytest.fixture(autouse=True)
@@ -144,9 +152,49 @@ def test_a_run_reports_its_metrics_and_writes_the_attention_posterior(toy_root, 
     assert {"mean", "sd", "hdi_3%", "hdi_97%", "ess_bulk", "r_hat"} <= set(summary.columns)
     # independent draws: R-hat near 1 and ESS near the number of draws (2 chains of 20)
     assert len(summary) > 0 and abs(summary["r_hat"].median() - 1) < 0.05 and summary["ess_bulk"].median() > 20
-    soft = settings("soft", max_epochs=1, uncertainty_draws=20, max_train=32)
-    nmt.train_run(soft, data, context(tmp_path / "soft", soft))
-    assert not (tmp_path / "soft" / "diagnostics").exists()  # soft attention has no posterior
+    for variant in ("soft", "hard"):  # no posterior of its own: soft's is its weights, hard's q is p
+        quick = settings(variant, max_epochs=1, uncertainty_draws=20, max_train=32)
+        nmt.train_run(quick, data, context(tmp_path / variant, quick))
+        assert not (tmp_path / variant / "diagnostics").exists()
+
+
+@pytest.mark.parametrize("variant", ["va-sample", "va-relaxed"])
+def test_variational_attention_writes_its_alignment_posterior_beside_the_prior(toy_root, tmp_path, variant):
+    """q(z | x, y) from the inference network, drawn by Predictive over model and guide: the
+    posterior mean is a distribution over each step's valid sources; the prior is the model's
+    attention p(z | x, y_<j), which the inference network's q differs from."""
+    run = settings(variant, lr=1e-2, max_epochs=1, uncertainty_draws=20, max_train=64)
+    data = nmt.load_data(run, str(toy_root))
+    nmt.train_run(run, data, context(tmp_path, run))
+    assert (tmp_path / "figures" / "attention.png").stat().st_size > 10_000
+    draws = az.from_netcdf(tmp_path / "diagnostics" / "attention.nc")
+    posterior = draws.posterior["attention"].values  # [chain, draw, head, query, key], NaN where padded
+    prior = draws.prior["attention"].values
+    assert posterior.shape[:2] == (2, 20)
+    rows = np.nansum(posterior.mean((0, 1)), -1)
+    np.testing.assert_allclose(rows[rows > 0], 1.0, rtol=1e-5)  # padded query rows are all NaN: sum 0
+    if variant == "va-sample":  # one-hot draws of a categorical alignment
+        assert set(np.unique(posterior[~np.isnan(posterior)])) <= {0.0, 1.0}
+    assert np.array_equal(np.isnan(prior[0, 0]), np.isnan(posterior[0, 0]))  # the same valid entries
+
+
+def test_alignment_draws_follow_the_inference_networks_q_not_the_models_attention():
+    torch.manual_seed(0)
+    model = build_alignment_model("va-sample").eval()
+    with torch.no_grad():
+        model.inference.bilinear.weight.mul_(300.0)  # a sharp q, far from the model's near-uniform attention
+    src, src_mask, tgt_in, tgt_mask, tgt_out = toy_batch()
+    batch = ParallelBatch(src, src_mask, tgt_in, tgt_out, tgt_mask)
+    posterior, prior = alignment_draws(model, batch, draws=4000, seed=0)
+    args, kwargs = batch.model_args
+    q = poutine.trace(guide_for(model)).get_trace(*args, **kwargs).nodes[ALIGNMENT]["fn"].probs.detach().numpy()
+    memory = model.network.encode(src, src_mask)
+    attention = masked_scores(model.network.decoder_states(memory, tgt_in).scores, src_mask.unsqueeze(-2)).softmax(-1)
+    valid = (tgt_mask[:, :, None] & src_mask[:, None, :]).numpy()
+    assert np.array_equal(~np.isnan(prior), valid) and np.array_equal(~np.isnan(posterior[0]), valid)
+    np.testing.assert_allclose(prior[valid], attention.detach().numpy()[valid], rtol=1e-5)
+    assert np.abs(posterior.mean(0) - q)[valid].max() < 0.04  # Monte Carlo sd at most 0.008
+    assert np.abs(q - prior)[valid].max() > 0.2  # so the draws are q's, not the prior's
 
 
 class Crash(Exception):
