@@ -52,8 +52,7 @@ class AlignmentELBO(ELBO):
 
     A Pyro ``ELBO``: ``differentiable_loss(model, guide, *args, **kwargs)``, ``loss`` and
     ``loss_and_grads`` (so ``SVI(model, guide, pyro.optim.Adam(...), loss=AlignmentELBO())``
-    trains with it), and ``elbo(model, guide)``, a module whose forward is the loss. The guide
-    may be a function or a ``GuideMessenger``. ``max_plate_nesting``: the model's plate dims
+    trains with it). The guide may be a function or a ``GuideMessenger``. ``max_plate_nesting``: the model's plate dims
     (the enumeration dim is the one to their left). One particle: the estimator is the paper's.
     """
 
