@@ -28,7 +28,9 @@ semi-analytic KL) and
 
 The model registers its parameters with Pyro (as ``pyro.module`` does) on every call, so that
 Pyro's own ``SVI`` with a ``pyro.optim`` optimizer trains them; a ``torch.optim`` optimizer on
-``bam_model.parameters()`` trains the very same tensors.
+``bam_model.parameters()`` trains the very same tensors. A subclass that writes its own
+``model`` (the latent-alignment models of translation) must call :meth:`BamModel.register_parameters`
+in it, or ``SVI`` finds nothing to train.
 """
 
 from __future__ import annotations

@@ -15,9 +15,10 @@ Draws come from ``pyro.infer.Predictive`` over the model and its guide, vectoriz
 Written into ``folder`` (where the other tasks write theirs):
 
 - ``figures/attention.png``: for the first sentence, the posterior mean of the weights (target
-  piece x source piece), their posterior standard deviation, and the prior's attention (the
-  contextual prior's Psi, the same for every target step): how the data move each step's attention
-  away from a per-key prior (the paper's Figure 1, for translation);
+  piece x source piece), their posterior standard deviation, and the prior's attention (BAM: the
+  contextual prior's Psi, the same for every target step; variational attention: the model's
+  attention, step by step): how the data move each step's attention away from its prior (the
+  paper's Figure 1, for translation);
 - ``diagnostics/attention.nc``: the draws of every valid entry of the chosen sentences as ArviZ
   data, over independent chains of draws (:mod:`analysis.diagnostics`), and
   ``diagnostics/attention-summary.csv``, their ``az.summary`` (mean, sd, HDI, ESS, R-hat).
@@ -59,6 +60,11 @@ def reference_probability(batch: ParallelBatch):
     return probs
 
 
+def valid_entries(batch: ParallelBatch) -> np.ndarray:
+    """``[B, T, S]``: True where a real target step meets a real source piece."""
+    return (batch.tgt_mask[:, :, None] & batch.src_mask[:, None, :]).numpy()
+
+
 def attention_draws(model: BamModel, batch: ParallelBatch, draws: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Posterior attention ``[draws, B, T, S]`` and the prior's attention ``[B, T, S]`` (NaN at
     padded entries), with their own RNG stream (the caller's is left as it was)."""
@@ -66,7 +72,7 @@ def attention_draws(model: BamModel, batch: ParallelBatch, draws: int, seed: int
         torch.manual_seed(seed)
         result = predictive_draws(model, batch.inputs, draws, layers=["attention"], with_prior=True,
                                   probs_fn=reference_probability(batch), chunk_size=min(draws, 50))
-    valid = (batch.tgt_mask[:, :, None] & batch.src_mask[:, None, :]).numpy()
+    valid = valid_entries(batch)
     posterior = result.attention["attention"].squeeze(-3).numpy()
     location = result.prior_location["attention"][0].squeeze(-3).numpy()
     location = np.where(batch.src_mask[:, None, :].numpy(), location, 0.0)
@@ -89,7 +95,7 @@ def alignment_draws(model: LatentAlignmentModel, batch: ParallelBatch, draws: in
         memory = model.network.encode(batch.src, batch.src_mask)
         scores = model.network.decoder_states(memory, batch.tgt_in).scores
         prior = masked_scores(scores, memory.mask.unsqueeze(-2)).softmax(-1)
-    valid = (batch.tgt_mask[:, :, None] & batch.src_mask[:, None, :]).numpy()
+    valid = valid_entries(batch)
     return np.where(valid, posterior.numpy(), np.nan), np.where(valid, prior.numpy(), np.nan)
 
 

@@ -54,8 +54,9 @@ def run_status(folder: RunFolder, name: str) -> dict[str, Any]:
     record = folder.record(name)
     if record is not None:
         training = record.get("training") or {}
+        seconds = training.get("seconds", record["wall_seconds"])  # the training clock, as for unfinished runs
         return {**row, "state": "finished", "epoch": training.get("epochs"), "best epoch": training.get("best_epoch"),
-                "hours": round(record["wall_seconds"] / 3600, 2)}
+                "hours": round(seconds / 3600, 2)}
     pid = folder.holder(name)
     checkpoint = folder.run_dir(name) / CHECKPOINT
     if not checkpoint.is_file():

@@ -46,7 +46,7 @@ def interrupted_run(folder: RunFolder, name: str, val_losses: list[float], stopp
 
 def test_status_tells_finished_paused_training_and_the_epochs_left(tmp_path):
     folder = RunFolder(tmp_path / "sweep")
-    folder.save("toy-soft-seed0", new_record("toy", {"seed": 0}, {}, {"epochs": 7, "best_epoch": 4}, 3600.0))
+    folder.save("toy-soft-seed0", new_record("toy", {"seed": 0}, {}, {"epochs": 7, "best_epoch": 4, "seconds": 3600.0}, 4000.0))
     # best at epoch 1, one epoch without improvement since: early stopping (patience 4) can end it
     # after 3 more epochs, max_epochs after 7
     interrupted_run(folder, "toy-wc-seed0", [1.0, 0.5, 0.7], EarlyStopping({"val_loss": "min"}, patience=4))
