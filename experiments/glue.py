@@ -89,7 +89,7 @@ def predict(network: torch.nn.Module, data: Encoded, batch_size: int, collator) 
     for args, targets in batches(data, 4 * batch_size, collator, shuffle=False):
         outputs.append(network(*args))
         labels.append(targets["labels"])
-    return torch.cat(outputs).numpy(), torch.cat(labels).numpy()
+    return torch.cat(outputs).cpu().numpy(), torch.cat(labels).cpu().numpy()
 
 
 def posterior_probs(network: torch.nn.Module, data: Encoded, batch_size: int, collator, draws: int) -> tuple[np.ndarray, np.ndarray]:
@@ -102,7 +102,7 @@ def posterior_probs(network: torch.nn.Module, data: Encoded, batch_size: int, co
     with attention_sampling():
         for _ in range(draws if stochastic else 1):
             outputs, labels = predict(network, data, batch_size, collator)
-            samples.append(torch.softmax(torch.as_tensor(outputs), -1).numpy())
+            samples.append(torch.softmax(torch.as_tensor(outputs), -1).cpu().numpy())
     return np.stack(samples if stochastic else samples * 2), labels
 
 

@@ -58,7 +58,7 @@ def score_modes(model: NodeClassifier, data, settings, folder: Path) -> dict[str
         samples = samples / samples.sum(-1, keepdim=True)
         metrics.update(uncertainty_report(samples, data.y[test], prefix=f"{mode}."))
         folder.mkdir(parents=True, exist_ok=True)
-        np.savez(folder / f"{mode}-probs.npz", probs=samples.mean(0).numpy(), labels=data.y[test].numpy())
+        np.savez(folder / f"{mode}-probs.npz", probs=samples.mean(0).cpu().numpy(), labels=data.y[test].cpu().numpy())
     return metrics
 
 
@@ -69,7 +69,7 @@ def attention_diagnostics(model: NodeClassifier, data, settings, folder: Path) -
     in_degree = degree(edges[1], data.num_nodes)
     test = data.test_mask.nonzero().flatten()
     nodes = test[(in_degree[test] >= 4) & (in_degree[test] <= 8)][: settings.diag_nodes].tolist()
-    hoods = neighbourhoods(edges.numpy(), nodes)
+    hoods = neighbourhoods(edges.cpu().numpy(), nodes)
     layers = attention_site_names(model)
     draws_per_chain = max(settings.samples, 100)
     posterior, prior = [], []
@@ -78,9 +78,9 @@ def attention_diagnostics(model: NodeClassifier, data, settings, folder: Path) -
         with torch.no_grad():
             draws = predictive_draws(model, (data.x, data.edge_index), draws_per_chain, layers=layers, with_prior=True,
                                      select_attention=lambda w: gather(w, hoods), chunk_size=settings.chunk)
-        posterior.append({layer: w.numpy() for layer, w in draws.attention.items()})
+        posterior.append({layer: w.cpu().numpy() for layer, w in draws.attention.items()})
         # the prior's location Psi, normalized over each node's neighbourhood: its prior weights
-        prior.append({layer: (p / p.nansum(-1, keepdim=True)).numpy() for layer, p in draws.prior_location.items()})
+        prior.append({layer: (p / p.nansum(-1, keepdim=True)).cpu().numpy() for layer, p in draws.prior_location.items()})
     idata = attention_inference_data(posterior, queries=nodes, key_node=hoods.sources, prior_chains=prior)
     out = folder / "diagnostics"
     out.mkdir(parents=True, exist_ok=True)

@@ -62,7 +62,7 @@ def reference_probability(batch: ParallelBatch):
 
 def valid_entries(batch: ParallelBatch) -> np.ndarray:
     """``[B, T, S]``: True where a real target step meets a real source piece."""
-    return (batch.tgt_mask[:, :, None] & batch.src_mask[:, None, :]).numpy()
+    return (batch.tgt_mask[:, :, None] & batch.src_mask[:, None, :]).cpu().numpy()
 
 
 def attention_draws(model: BamModel, batch: ParallelBatch, draws: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -73,9 +73,9 @@ def attention_draws(model: BamModel, batch: ParallelBatch, draws: int, seed: int
         result = predictive_draws(model, batch.inputs, draws, layers=["attention"], with_prior=True,
                                   probs_fn=reference_probability(batch), chunk_size=min(draws, 50))
     valid = valid_entries(batch)
-    posterior = result.attention["attention"].squeeze(-3).numpy()
-    location = result.prior_location["attention"][0].squeeze(-3).numpy()
-    location = np.where(batch.src_mask[:, None, :].numpy(), location, 0.0)
+    posterior = result.attention["attention"].squeeze(-3).cpu().numpy()
+    location = result.prior_location["attention"][0].squeeze(-3).cpu().numpy()
+    location = np.where(batch.src_mask[:, None, :].cpu().numpy(), location, 0.0)
     prior = location / location.sum(-1, keepdims=True)  # the prior's mean, normalized over each step's keys
     return np.where(valid, posterior, np.nan), np.where(valid, prior, np.nan)
 
@@ -96,7 +96,7 @@ def alignment_draws(model: LatentAlignmentModel, batch: ParallelBatch, draws: in
         scores = model.network.decoder_states(memory, batch.tgt_in).scores
         prior = masked_scores(scores, memory.mask.unsqueeze(-2)).softmax(-1)
     valid = valid_entries(batch)
-    return np.where(valid, posterior.numpy(), np.nan), np.where(valid, prior.numpy(), np.nan)
+    return np.where(valid, posterior.cpu().numpy(), np.nan), np.where(valid, prior.cpu().numpy(), np.nan)
 
 
 def pieces(data: Multi30k, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:

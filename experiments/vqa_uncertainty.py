@@ -216,8 +216,8 @@ def guided_attention_chains(model: VqaModel, inputs: tuple, settings) -> tuple[l
         with torch.no_grad():
             draws = predictive_draws(model, inputs, settings.diag_draws, layers=guided_attention_sites(model),
                                      with_prior=True, select_attention=grid_average, chunk_size=settings.chunk)
-        posterior.append({layer: w.numpy() for layer, w in draws.attention.items()})
-        prior.append({layer: (p / p.nansum(-1, keepdim=True)).numpy() for layer, p in draws.prior_location.items()})
+        posterior.append({layer: w.cpu().numpy() for layer, w in draws.attention.items()})
+        prior.append({layer: (p / p.nansum(-1, keepdim=True)).cpu().numpy() for layer, p in draws.prior_location.items()})
     return posterior, prior
 
 
@@ -259,10 +259,10 @@ def draw_questions(model: VqaModel, data: EasyVqa, rows: torch.Tensor, inputs: t
     for q, row in enumerate(rows.tolist()):
         length = int((inputs[0][q] != 0).sum())
         views.append(QuestionView(
-            image=split.question_images(rows[q : q + 1])[0].permute(1, 2, 0).numpy(), question=split.questions[row],
+            image=split.question_images(rows[q : q + 1])[0].permute(1, 2, 0).cpu().numpy(), question=split.questions[row],
             words=tokenize(split.questions[row]), attention_draws=attention[:, q, :length], prior=prior_weights[q, :length],
-            answer_draws=answers[:, q].numpy(), answers=data.answers, truth=int(split.answers[row]),
-            pvalue=float(pvalues[q]), image_weights=image_weights[q].numpy(),
+            answer_draws=answers[:, q].cpu().numpy(), answers=data.answers, truth=int(split.answers[row]),
+            pvalue=float(pvalues[q]), image_weights=image_weights[q].cpu().numpy(),
         ))
     title = (f"{settings.variant}, seed {settings.seed}: the last guided-attention layer (q's draws, eval mode); "
              "answers drawn with MC dropout and attention noise")
