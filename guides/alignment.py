@@ -1,6 +1,7 @@
 """Guides of the latent-alignment models (:mod:`models.latent_alignment`).
 
-- ``exact``: :func:`no_guide`, the alignment is summed out in the model.
+- ``exact``: :func:`no_guide`, the alignment is summed out in the model (it refuses to run outside
+  enumeration, where the empty guide would be silently wrong).
 - ``hard``, ``hard-enum``: :class:`PriorGuide`, q(z_j) = p(z_j | x, y_<j), the model's own attention,
   drawn in the model's own forward pass (a ``GuideMessenger``: the network runs once per step).
 - ``va-*``: :class:`VariationalAlignmentGuide`, q(z_j | x, y) from an :class:`InferenceNetwork` that
@@ -20,7 +21,9 @@ from typing import Any, Callable, Optional
 import pyro
 import pyro.distributions as dist
 from pyro import poutine
+from pyro.poutine.enum_messenger import EnumMessenger
 from pyro.poutine.guide import GuideMessenger
+from pyro.poutine.runtime import _PYRO_STACK
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
@@ -66,7 +69,16 @@ class InferenceNetwork(nn.Module):
 
 
 def no_guide(*args: Any, **kwargs: Any) -> None:
-    """The guide of ``exact``: no latent site (``TraceEnum_ELBO`` sums the alignment out in the model)."""
+    """The guide of ``exact``: no latent site (``TraceEnum_ELBO`` sums the alignment out in the model).
+
+    Outside enumeration an empty guide is silently wrong, so it raises: ``Trace_ELBO`` would draw
+    the alignment from the model's prior and fit ``E_p[log p(y | z)]`` without the prior's score term
+    (Pyro only warns), and ``Predictive`` would return prior draws as the alignment posterior.
+    """
+    if not any(isinstance(handler, EnumMessenger) for handler in _PYRO_STACK):
+        raise ValueError("the exact variant's alignment is summed out by enumeration: train it with "
+                         "TraceEnum_ELBO (elbo_for('exact')); for prior draws call Predictive(model.model) "
+                         "without a guide")
 
 
 class PriorGuide(GuideMessenger):

@@ -18,7 +18,7 @@ import pytest
 import torch
 from pyro import poutine
 import pyro.optim
-from pyro.infer import SVI, Predictive, TraceEnum_ELBO
+from pyro.infer import SVI, Predictive, Trace_ELBO, TraceEnum_ELBO, TraceGraph_ELBO
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
@@ -515,6 +515,20 @@ def test_pyro_svi_with_pyro_optim_takes_the_same_step_as_the_torch_path(variant)
         torch.testing.assert_close(trained, expected, msg=name)
     assert not torch.equal(by_svi.network.output.weight, build(variant).network.output.weight)  # it moved
     pyro.clear_param_store()
+
+
+def test_exact_refuses_an_elbo_or_predictive_that_does_not_enumerate():
+    """With ``exact``'s empty guide, ``Trace_ELBO`` samples the alignment from the prior (Pyro only
+    warns) and ``Predictive`` returns prior draws as a posterior: both raise; enumeration runs."""
+    model, batch = build("exact"), toy_batch()
+    for loss in (Trace_ELBO(max_plate_nesting=2), TraceGraph_ELBO(max_plate_nesting=2)):
+        with pytest.raises(ValueError, match="summed out by enumeration: train it with TraceEnum_ELBO"):
+            loss.loss(model.model, guide_for(model), *batch)
+    with pytest.raises(ValueError, match="call Predictive\\(model.model\\) without a guide"):
+        Predictive(model.model, guide=guide_for(model), num_samples=2)(*batch)
+    assert math.isfinite(elbo_for("exact").loss(model.model, guide_for(model), *batch))
+    prior = Predictive(model.model, num_samples=2, return_sites=[ALIGNMENT])(*batch)[ALIGNMENT]
+    assert prior.shape == (2, *batch[3].shape)
 
 
 # --- bad input ----------------------------------------------------------------------------------
