@@ -1,6 +1,7 @@
-"""Translation on Multi30k (de -> en), soft attention vs BAM (paper, Section 4.4), on the runner.
+"""Translation on Multi30k (de -> en): soft attention, BAM and Deng et al.'s latent alignments (paper, Section 4.4).
 
     python -m experiments.nmt --variant soft wc --seeds 0 1 2 --out runs/nmt
+    python -m experiments.nmt --variant hard va-sample va-relaxed --seeds 0 --out runs/nmt
 
 One SVI run per (variant, seed) of the LSTM model of Deng et al. (:mod:`models.nmt`) at a preset
 (``cpu`` by default, ``paper`` for Deng et al.'s sizes). Each epoch ends with the validation
@@ -57,6 +58,7 @@ from guides.alignment import InferenceNetwork, guide_for
 from models.latent_alignment import VARIANTS as ALIGNMENT_VARIANTS
 from models.latent_alignment import AlignmentConfig, LatentAlignmentModel, elbo_for
 from models.nmt import PRESETS, Seq2Seq, build_translator
+
 
 @dataclass(frozen=True)
 class TrainingPreset:
