@@ -162,7 +162,8 @@ TASK = Task(
     name="gat", settings=GatSettings, panel="dataset", panels=tuple(NAMES), load=load, train=train,
     metrics=("test_acc", "val_acc"), presets=presets, tables=tables,
     paper={dataset: {variant: {"test_acc": f"{acc:.2f}"} for variant, acc in accs.items()} for dataset, accs in PAPER_ACCURACY.items()},
-    after_sweep=draw_figures, description=__doc__.split("\n\n")[0],
+    after_sweep=draw_figures, build=lambda settings, graph: build_model(settings, *graph[1:]),
+    description=__doc__.split("\n\n")[0],
 )
 
 

@@ -30,7 +30,7 @@ from transformers import get_linear_schedule_with_warmup
 
 from analysis.metrics import uncertainty_report
 from analysis.tables import paired_difference, summarize
-from bam_pyro import AttentionGuide, BayesianAttention, attention_sampling
+from bam_pyro import AttentionGuide, BamModel, BayesianAttention, attention_sampling
 from bam_pyro.training import seed_everything
 from experiments.glue_data import TASKS, Encoded, GlueData, batches, load_glue, task_metrics
 from experiments.runner import RunContext, RunSettings, Task, positive, require, run_cli
@@ -111,12 +111,17 @@ def scores(task: str, outputs: np.ndarray, labels: np.ndarray) -> dict[str, floa
     return task_metrics(task, pred, labels)
 
 
+def build_model(settings: GlueSettings, data: Optional[GlueData] = None) -> BamModel:
+    """The model finetuning starts from: the pretrained encoder with BAM attention and a new head."""
+    return build_sequence_model(resolve_pretrained(settings.model), TASKS[settings.task].num_labels,
+                                settings.attention, settings.objective)
+
+
 def train(settings: GlueSettings, data: GlueData, run: RunContext) -> dict[str, float]:
     """Finetune one model; the metrics of its final epoch's posterior-mean prediction on the scored
     split and, with draws, uncertainty metrics of that many posterior samples."""
     seed_everything(settings.seed)
-    bam_model = build_sequence_model(resolve_pretrained(settings.model), TASKS[settings.task].num_labels,
-                                     settings.attention, settings.objective)
+    bam_model = build_model(settings, data)
     optimizer = torch.optim.AdamW(bam_model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     steps_per_epoch = -(-len(data.train) // settings.batch_size)
     total = steps_per_epoch * settings.epochs
@@ -172,7 +177,7 @@ def side_by_side(results: pd.DataFrame) -> pd.DataFrame:
 
 TASK = Task(
     name="glue", settings=GlueSettings, panel="task", panels=tuple(TASKS), load=load, train=train,
-    metrics=metrics_of, presets=presets, tables=lambda results: {"glue": side_by_side(results)},
+    metrics=metrics_of, presets=presets, tables=lambda results: {"glue": side_by_side(results)}, build=build_model,
     description=__doc__.split("\n\n")[0],
 )
 

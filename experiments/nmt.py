@@ -221,6 +221,11 @@ def build_trainable(settings: NmtSettings, vocab_size: int, warm_steps: int = 0)
     return BUILDERS[settings.variant](settings, vocab_size, warm_steps)
 
 
+def build_model(settings: NmtSettings, data: Multi30k) -> BamModel:
+    """The untrained model of a run (what ``experiments.runner.load_trained`` fills)."""
+    return build_trainable(settings, data.vocab_size).model
+
+
 # --- scores --------------------------------------------------------------------------------------
 
 
@@ -314,7 +319,7 @@ def train_run(settings: NmtSettings, data: Multi30k, run: RunContext) -> dict[st
 TASK = Task(
     name="nmt", settings=NmtSettings, panel="dataset", panels=("multi30k",), load=load_data, train=train_run,
     metrics=("test_bleu", "test_ppl", "val_bleu", "val_ppl", "seconds_per_step", "parameters"),
-    presets=presets, variants=tuple(BUILDERS), paper={"multi30k": PAPER_FIGURES}, description=__doc__.split("\n\n")[0],
+    presets=presets, variants=tuple(BUILDERS), paper={"multi30k": PAPER_FIGURES}, build=build_model, description=__doc__.split("\n\n")[0],
 )
 
 

@@ -14,6 +14,8 @@ for every task:
   started in several processes shares the sweep out, each run trained by one of them;
 - the tables (mean ± std per variant, the paired difference to soft with its confidence
   interval, the paper's figures beside ours) as Markdown and CSV, and the paired-runs picture;
+- a finished run loaded back (:func:`load_trained`): its settings from the record, its kept
+  epoch's parameters from the checkpoint, for analyses after the sweep;
 - user errors (an invalid setting, a missing data file, a finished run with other settings) end
   the command with one line and status 2, as argparse does, before any work; bugs keep their
   traceback.
@@ -38,9 +40,9 @@ from analysis.plots import paired_runs
 from analysis.tables import paired_difference, summarize
 from bam_pyro import VARIANTS, BamConfig, ObjectiveConfig
 from bam_pyro.config import GammaShape, PriorScope, Reduction
-from bam_pyro.training import FitResult, SVITrainer
+from bam_pyro.training import FitResult, SVITrainer, metadata_differences, read_checkpoint
 
-from .records import CHECKPOINT, RunFolder, SettingsMismatch, new_record, setting_differences
+from .records import CHECKPOINT, RECORD, RunFolder, SettingsMismatch, new_record, setting_differences
 
 
 @dataclass(frozen=True)
@@ -159,7 +161,8 @@ class Task:
     first one paired against soft and drawn. ``paper``: panel -> variant -> metric -> the paper's
     figure as the paper prints it (``"83.00"``, ``"42M"``), shown as ``paper <metric>``.
     ``tables``: replaces the default table (results -> named tables). ``after_sweep``: draws
-    task figures from the results into the output folder.
+    task figures from the results into the output folder. ``build(settings, data)``: the untrained
+    model of a run, which :func:`load_trained` fills with a finished run's parameters.
     """
 
     name: str
@@ -175,6 +178,7 @@ class Task:
     paper: Mapping[str, Mapping[str, Mapping[str, str]]] = field(default_factory=dict)
     tables: Optional[Callable[[pd.DataFrame], dict[str, pd.DataFrame]]] = None
     after_sweep: Optional[Callable[[pd.DataFrame, Path], None]] = None
+    build: Optional[Callable[[Any, Any], torch.nn.Module]] = None
     description: str = ""
 
     def metrics_of(self, panel: str) -> list[str]:
@@ -324,6 +328,48 @@ def train_one(task: Task, settings: RunSettings, data: Any, folder: RunFolder, a
     return record
 
 
+# --- finished runs ---------------------------------------------------------------------------
+
+
+class TrainedRun(typing.NamedTuple):
+    """A finished run, loaded: its settings, its panel's data and its model (eval mode)."""
+
+    settings: RunSettings
+    data: Any
+    model: torch.nn.Module
+
+
+def load_trained(task: Task, run_dir: os.PathLike, data_root: Optional[str] = None) -> TrainedRun:
+    """The model of the finished run in ``run_dir`` (``<out>/runs/<run>``) as it was scored: the
+    kept epoch's parameters under early stopping, else the last epoch's. The settings come from the
+    run's record and the data from ``task.load``; errors name the run and what is missing."""
+    run_dir = Path(run_dir)
+    if task.build is None:
+        raise ValueError(f"task {task.name!r} declares no build(settings, data): its models cannot be rebuilt")
+    record = RunFolder(run_dir.parent.parent).record(run_dir.name)
+    if record is None:
+        state = "an unfinished run (it has a checkpoint)" if (run_dir / CHECKPOINT).is_file() else "not a run folder"
+        raise ValueError(f"{run_dir}: no {RECORD}, {state}; pass the folder of a finished run, <out>/runs/<run>")
+    if record["task"] != task.name:
+        raise ValueError(f"{run_dir} is a run of task {record['task']!r}, not {task.name!r}")
+    known = {f.name for f in dataclasses.fields(task.settings)}
+    unknown = sorted(set(record["settings"]) - known)
+    if unknown:
+        raise ValueError(f"{run_dir}: its record has settings this version of {task.name} does not know: {unknown}")
+    settings = task.settings(**record["settings"])
+    if not (run_dir / CHECKPOINT).is_file():
+        raise ValueError(f"{run_dir}: no {CHECKPOINT} (deleted?): the trained parameters are gone")
+    checkpoint = read_checkpoint(run_dir / CHECKPOINT)
+    differing = metadata_differences(checkpoint["metadata"], settings.row())
+    if differing:
+        raise ValueError(f"{run_dir}: its checkpoint was written with other settings than its record: {'; '.join(differing)}")
+    data = task.load(settings, data_root)
+    model = task.build(settings, data)
+    kept = (checkpoint.get("early_stopping") or {}).get("best_state")
+    model.load_state_dict(kept if kept is not None else checkpoint["model"])
+    return TrainedRun(settings, data, model.eval())
+
+
 # --- tables ----------------------------------------------------------------------------------
 
 
@@ -366,5 +412,5 @@ def write_tables(task: Task, results: pd.DataFrame, out: Path) -> dict[str, pd.D
     return tables
 
 
-__all__ = ["RunContext", "RunSettings", "SettingsMismatch", "Task", "positive", "require", "run_cli",
-           "setting_differences", "whole_number"]
+__all__ = ["RunContext", "RunSettings", "SettingsMismatch", "Task", "TrainedRun", "load_trained", "positive",
+           "require", "run_cli", "setting_differences", "whole_number"]

@@ -188,7 +188,7 @@ TASK = Task(
     metrics=("test_acc", "noisy_acc", f"clean.full.pavpu@{PAVPU_HEADLINE:g}", f"noisy.full.pavpu@{PAVPU_HEADLINE:g}"),
     presets=presets, variants=("soft", "lf", "lc", "wf", "wc"), tables=tables,
     after_sweep=lambda results, out: noise_sweep_figure(results, out / "figures" / "noise-sweep.png"),
-    description=__doc__.split("\n\n")[0],
+    build=build_model, description=__doc__.split("\n\n")[0],
 )
 
 

@@ -3,9 +3,12 @@ diagnostics, figures and the report."""
 
 import pandas as pd
 import pytest
+import torch
 
 from analysis.report import build_report
+from experiments.gat import TASK, node_metrics
 from experiments.gat import main as gat
+from experiments.runner import load_trained
 
 
 def test_uncertainty_table_figures_diagnostics_and_report_on_cora(tmp_path, data_root, capsys):
@@ -29,6 +32,12 @@ def test_uncertainty_table_figures_diagnostics_and_report_on_cora(tmp_path, data
     report = build_report(out)
     assert "Attention diagnostics" in report and "figures/training-curves.png" in report
     capsys.readouterr()
+
+    loaded = load_trained(TASK, out / "runs" / "cora-wc-seed0", str(data_root))  # as it was scored
+    graph = loaded.data[0]
+    with torch.no_grad():
+        logits = loaded.model.network(graph.x, graph.edge_index)
+    assert 100 * node_metrics(logits, graph.y, graph.val_mask)[1] == pytest.approx(rows.loc["wc", "val_acc"], abs=1e-9)
 
     for option in (["--samples", "3"], ["--chunk", "2"], ["--chains", "3"]):  # sampling settings are settings too
         with pytest.raises(SystemExit):

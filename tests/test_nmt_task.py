@@ -1,6 +1,9 @@
 """The translation task on the runner: settings, one run end to end, exact resume, every variant."""
 
+import json
 import math
+import shutil
+from pathlib import Path
 
 import arviz as az
 import numpy as np
@@ -12,11 +15,12 @@ from pyro import poutine
 from bam_pyro.training import SVITrainer
 from experiments import nmt
 from experiments.multi30k import EOS, EncodedSplit, ParallelBatch, make_batch
+from experiments import nmt_uncertainty
 from experiments.nmt_uncertainty import alignment_draws
 from guides.alignment import guide_for
 from models.latent_alignment import ALIGNMENT, masked_scores
-from experiments.records import CHECKPOINT
-from experiments.runner import RunContext
+from experiments.records import CHECKPOINT, RECORD
+from experiments.runner import RunContext, load_trained
 from models.nmt import DecoderOutputs, DecoderState, Memory
 from tests.nmt_support import write_corpus
 from tests.test_latent_alignment import build as build_alignment_model
@@ -253,3 +257,95 @@ def test_latent_alignment_variants_train_and_translate_through_the_task(variant,
     data = nmt.load_data(run, str(toy_root))
     metrics = nmt.train_run(run, data, context(tmp_path, run))
     assert math.isfinite(metrics["test_ppl"]) and 0 <= metrics["test_bleu"] <= 100
+
+
+# --- a finished run, loaded back -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished_runs(toy_root, tmp_path_factory):
+    """A sweep's output folder holding a finished BAM-WC and a soft run (2 epochs of the tiny preset)."""
+    out = tmp_path_factory.mktemp("sweep")
+    nmt.main(["--variant", "wc", "soft", "--seeds", "0", "--preset", "tiny", "--bpe-size", "120", "--batch-size", "32",
+              "--max-epochs", "2", "--beam-size", "2", "--eval-batch-size", "16", "--uncertainty-draws", "0",
+              "--lr", "0.01", "--data-root", str(toy_root), "--out", str(out), "--no-progress",
+              "--threads", "1"])
+    return out / "runs"
+
+
+def test_a_finished_run_loads_back_as_it_was_scored(finished_runs, toy_root, tmp_path):
+    run_dir = finished_runs / "multi30k-wc-seed0"
+    record = json.loads((run_dir / RECORD).read_text())
+    loaded = load_trained(nmt.TASK, run_dir, str(toy_root))
+    assert loaded.settings.row() == record["settings"] and not loaded.model.training
+    val_ppl = record["metrics"]["val_ppl"]
+    assert nmt.perplexity(loaded.model, loaded.data.val, 16) == pytest.approx(val_ppl, rel=1e-6)
+    # the kept epoch's parameters, not the last ones: spoil the last ones and load again
+    copy = tmp_path / "runs" / run_dir.name
+    shutil.copytree(run_dir, copy)
+    checkpoint = torch.load(copy / CHECKPOINT, weights_only=True)
+    checkpoint["model"] = {name: torch.zeros_like(value) for name, value in checkpoint["model"].items()}
+    torch.save(checkpoint, copy / CHECKPOINT)
+    again = load_trained(nmt.TASK, copy, str(toy_root))
+    assert nmt.perplexity(again.model, again.data.val, 16) == pytest.approx(val_ppl, rel=1e-6)
+
+
+def test_loading_a_run_names_what_is_wrong(finished_runs, toy_root, tmp_path):
+    from experiments.gat import TASK as GAT
+
+    run_dir = finished_runs / "multi30k-wc-seed0"
+    with pytest.raises(ValueError, match="is a run of task 'nmt', not 'gat'"):
+        load_trained(GAT, run_dir)
+
+    def broken(name: str, change) -> Path:
+        copy = tmp_path / name / "runs" / run_dir.name
+        shutil.copytree(run_dir, copy)
+        change(copy)
+        return copy
+
+    def add_setting(folder: Path) -> None:
+        record = json.loads((folder / RECORD).read_text())
+        record["settings"]["colour"] = "red"
+        (folder / RECORD).write_text(json.dumps(record))
+
+    def other_seed(folder: Path) -> None:
+        record = json.loads((folder / RECORD).read_text())
+        record["settings"]["seed"] = 7
+        (folder / RECORD).write_text(json.dumps(record))
+
+    cases = {"unfinished": (lambda folder: (folder / RECORD).unlink(), "no record.json, an unfinished run"),
+             "unknown": (add_setting, r"settings this version of nmt does not know: \['colour'\]"),
+             "mismatch": (other_seed, r"checkpoint was written with other settings than its record: seed=0 \(this run: 7\)"),
+             "no-checkpoint": (lambda folder: (folder / CHECKPOINT).unlink(), "no checkpoint.pt")}
+    for name, (change, message) in cases.items():
+        with pytest.raises(ValueError, match=message):
+            load_trained(nmt.TASK, broken(name, change), str(toy_root))
+    with pytest.raises(ValueError, match="not a run folder"):
+        load_trained(nmt.TASK, tmp_path / "nowhere", str(toy_root))
+
+
+def test_attention_posterior_of_chosen_sentences_from_the_command_line(finished_runs, toy_root, tmp_path, capsys):
+    """Sentences of a split by number, or a sentence of one's own with the model's translation as target."""
+    run_dir = finished_runs / "multi30k-wc-seed0"
+    common = ["--draws", "4", "--data-root", str(toy_root)]
+    written = nmt_uncertainty.main([str(run_dir), "--split", "test", "--sentences", "3", "1", *common])
+    assert written["figure"] == run_dir / "attention-test-3" / "figures" / "attention.png" and written["figure"].is_file()
+    data = load_trained(nmt.TASK, run_dir, str(toy_root)).data
+    summary = pd.read_csv(written["summary"])
+    assert len(summary) == nmt_uncertainty.valid_entries(data.test.batch([3, 1])).sum()  # every entry of both
+    printed = capsys.readouterr().out
+    assert f"target:      {data.test.references[3]}" in printed  # the reference, drawn along
+
+    source = "Zwei hund läuft auf dem rot katze."
+    written = nmt_uncertainty.main([str(run_dir), "--source", source, "--out", str(tmp_path / "own"), *common])
+    assert written["figure"] == tmp_path / "own" / "figures" / "attention.png" and written["figure"].is_file()
+    lines = dict(line.split(":", 1) for line in capsys.readouterr().out.splitlines() if line.startswith(("source", "target", "translation")))
+    assert lines["source"].strip() == source
+    assert lines["target"].split(" (the attention")[0].strip() == lines["translation"].strip()  # its own translation
+
+    for argv, message in (([str(run_dir), "--sentences", "99"], "sentence 99 is out of range: the split has 16"),
+                          ([str(finished_runs / "multi30k-soft-seed0")], "variant 'soft' has no attention posterior"),
+                          ([str(run_dir), "--target", "a dog."], "--target goes with --source")):
+        with pytest.raises(SystemExit) as exit:
+            nmt_uncertainty.main([*argv, *common])
+        assert exit.value.code == 2 and message in capsys.readouterr().err
