@@ -31,10 +31,16 @@ Pyro's own ``SVI`` with a ``pyro.optim`` optimizer trains them; a ``torch.optim`
 ``bam_model.parameters()`` trains the very same tensors. A subclass that writes its own
 ``model`` (the latent-alignment models of translation) must call :meth:`BamModel.register_parameters`
 in it, or ``SVI`` finds nothing to train.
+
+``step`` is advanced by the training loop (``SVITrainer`` does it; Pyro's ``SVI`` cannot know it).
+A loop that forgets it would train with ``lambda_t`` frozen at its first value, another objective
+without an error, so a model under annealing warns (:class:`AnnealingStalledWarning`) once
+:data:`STALLED_ANNEALING_PASSES` training passes have gone by at one step.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Optional
 
 import pyro
@@ -51,6 +57,13 @@ from .sites import attention_sites
 #: key of a site's ``infer`` dict that marks it a target of the model (declared by ``observe``):
 #: unobserved, it is predicted from the model, never given a posterior of its own
 TARGET = "bam_target"
+
+#: training passes (train mode, gradients on) at one ``step`` after which an annealed model warns
+STALLED_ANNEALING_PASSES = 100
+
+
+class AnnealingStalledWarning(UserWarning):
+    """Training goes on while ``BamModel.step``, the annealing's t, stands still."""
 
 
 class BamModel(nn.Module):
@@ -76,6 +89,7 @@ class BamModel(nn.Module):
         self.objective = objective
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
         self.record_attention = False
+        self._passes_at_step = (0, 0)  # (step, training passes seen at it)
         layers = [(n, m) for n, m in network.named_modules() if isinstance(m, BayesianAttention)]
         for name, layer in layers:
             layer.site_name = name
@@ -85,7 +99,21 @@ class BamModel(nn.Module):
         """lambda_t * kl_weight, the weight of the KL term at the current step."""
         return self.objective.kl_weight * self.objective.kl_annealing(int(self.step))
 
+    def note_training_pass(self) -> None:
+        """Count a training pass at the current ``step``; under annealing, warn once when
+        :data:`STALLED_ANNEALING_PASSES` of them go by without the step moving (see module doc)."""
+        if self.objective.anneal_rate is None or not (self.training and torch.is_grad_enabled()):
+            return
+        step, passes = self._passes_at_step
+        passes = passes + 1 if int(self.step) == step else 1
+        self._passes_at_step = (int(self.step), passes)
+        if passes == STALLED_ANNEALING_PASSES:
+            warnings.warn(f"{passes} training passes at step {step}: the KL annealing lambda_t = sigmoid(t * rho) "
+                          "stands still; advance model.step after each optimizer step (Pyro's SVI does not)",
+                          AnnealingStalledWarning, stacklevel=3)
+
     def model(self, *inputs: Any, **targets: Any) -> Any:
+        self.note_training_pass()
         mean_over = self.num_sites if self.objective.reduction == "mean" else None
         with attention_sites(self.kl_scale(), mean_over, self.record_attention):
             outputs = self.network(*inputs)

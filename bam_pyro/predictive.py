@@ -117,7 +117,7 @@ def predictive_draws(
     guide = AttentionGuide(program)
     probs, attention, prior = [], {name: [] for name in layers}, {name: [] for name in layers}
     keep = select_attention or (lambda w: w)
-    with _sampling_state(bam_model, dropout, record=bool(layers)):
+    with _sampling_state(bam_model, dropout, record=bool(layers)), torch.no_grad():  # draws, not training
         for start in range(0, num_samples, chunk_size):
             size = min(chunk_size, num_samples - start)
             trace = Predictive(guide, num_samples=size, parallel=True).get_vectorized_trace(*inputs)
