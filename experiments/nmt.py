@@ -19,8 +19,8 @@ The training loss printed for BAM variants is not a perplexity: under the ``mean
 adds the KL per attention entry, which with the contextual Gamma prior's tiny shape
 (``alpha = Psi * beta``, beta = 1e-6) holds a constant of about ``-log alpha ~ 16`` nats.
 
-For the first seed (``uncertainty_seed``) of a variant whose attention has a posterior of its own
-(BAM with a prior, variational attention), the run also writes the posterior of the attention of a
+For the first seed (``uncertainty_seed``) of a variant whose attention has a posterior beside a
+prior (BAM with one, every latent alignment), the run also writes the posterior of the attention of a
 few validation sentences into its folder (:mod:`experiments.nmt_uncertainty`): a heatmap of
 posterior mean, spread and prior, and the ArviZ summary (ESS, R-hat, HDI).
 
@@ -271,11 +271,9 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 
 def has_attention_posterior(settings: NmtSettings) -> bool:
-    """Whether the variant's attention has a posterior other than its prior to draw: BAM with a
-    prior, or variational attention (q from an inference network; hard attention's q is p)."""
-    if settings.variant in ALIGNMENT_VARIANTS:
-        return ALIGNMENT_VARIANTS[settings.variant].guide == "inference"
-    return settings.attention.prior is not None
+    """Whether the variant's attention has a posterior to draw beside a prior: BAM with a prior, and
+    every latent alignment (q of the inference network, or the model's exact posterior)."""
+    return settings.variant in ALIGNMENT_VARIANTS or settings.attention.prior is not None
 
 
 def early_stopping(settings: NmtSettings) -> EarlyStopping:

@@ -7,16 +7,19 @@ Draws come from ``pyro.infer.Predictive`` over the model and its guide, vectoriz
   one pass through that call and the output layer; the prior beside it is the contextual prior's
   mean. Each draw is teacher forced on the reference translation: the attention posterior given the
   source and the target prefix of every step.
-- Variational attention (:func:`alignment_draws`, the ``va-*`` variants of
-  :mod:`models.latent_alignment`): alignments from q(z | x, y), the inference network reading the
-  whole reference (one-hot for the categorical variants, so that their mean estimates q; Dirichlet
-  weights for ``va-relaxed``); the prior beside it is the model's attention p(z_j | x, y_<j).
+- Latent alignments (:func:`alignment_draws`, :mod:`models.latent_alignment`): for variational
+  attention (``va-*``) from q(z | x, y), the inference network reading the whole reference; for the
+  models without one (``exact``, ``hard``, ``hard-enum``) from the model's own exact posterior
+  p(z_j | x, y_<=j), proportional to p(z_j | x, y_<j) p(y_j | x, y_<j, z_j), which Pyro's
+  ``infer_discrete`` draws from the enumerated alignment. One-hot for the categorical variants, so
+  that their mean estimates the posterior; Dirichlet weights for ``va-relaxed``. The prior beside
+  it is the model's attention p(z_j | x, y_<j).
 
 Written into ``folder`` (where the other tasks write theirs):
 
 - ``figures/attention.png``: for the first sentence, the posterior mean of the weights (target
   piece x source piece), their posterior standard deviation, and the prior's attention (BAM: the
-  contextual prior's Psi, the same for every target step; variational attention: the model's
+  contextual prior's Psi, the same for every target step; latent alignments: the model's
   attention, step by step): how the data move each step's attention away from its prior (the
   paper's Figure 1, for translation);
 - ``diagnostics/attention.nc``: the draws of every valid entry of the chosen sentences as ArviZ
@@ -40,7 +43,9 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from pyro.infer import Predictive
+import pyro
+from pyro import poutine
+from pyro.infer import Predictive, config_enumerate, infer_discrete
 
 from analysis.diagnostics import attention_inference_data, attention_summary
 from analysis.plots import plt, save_figure
@@ -52,7 +57,7 @@ from experiments.nmt import TASK, has_attention_posterior
 from experiments.runner import load_trained
 from models.decoding import beam_search
 from guides.alignment import guide_for
-from models.latent_alignment import ALIGNMENT, LatentAlignmentModel, masked_scores
+from models.latent_alignment import ALIGNMENT, MAX_PLATE_NESTING, LatentAlignmentModel, masked_scores
 
 #: validation sentences whose attention is drawn (the first ones of the file)
 SENTENCES = (0, 1, 2)
@@ -94,14 +99,18 @@ def attention_draws(model: BamModel, batch: ParallelBatch, draws: int, seed: int
 
 def alignment_draws(model: LatentAlignmentModel, batch: ParallelBatch, draws: int,
                     seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Posterior alignments ``[draws, B, T, S]`` from q(z | x, y) and the model's attention
-    p(z | x, y_<j) ``[B, T, S]`` (NaN at padded entries), with their own RNG stream."""
+    """Posterior alignments ``[draws, B, T, S]`` (see module doc: q(z | x, y) of the inference
+    network, else the model's exact posterior) and the model's attention p(z | x, y_<j) ``[B, T, S]``
+    (NaN at padded entries), with their own RNG stream."""
     args, kwargs = batch.model_args
     with torch.random.fork_rng(), torch.no_grad():
         torch.manual_seed(seed)
-        predictive = Predictive(model.model, guide=guide_for(model), num_samples=draws, parallel=True,
-                                return_sites=[ALIGNMENT])
-        posterior = predictive(*args, **kwargs)[ALIGNMENT]
+        if model.spec.guide == "inference":
+            predictive = Predictive(model.model, guide=guide_for(model), num_samples=draws, parallel=True,
+                                    return_sites=[ALIGNMENT])
+            posterior = predictive(*args, **kwargs)[ALIGNMENT]
+        else:
+            posterior = exact_posterior_draws(model, draws, *args, **kwargs)
         if not model.spec.relaxed:
             posterior = torch.nn.functional.one_hot(posterior, batch.src.size(1)).float()
         memory = model.network.encode(batch.src, batch.src_mask)
@@ -109,6 +118,19 @@ def alignment_draws(model: LatentAlignmentModel, batch: ParallelBatch, draws: in
         prior = masked_scores(scores, memory.mask.unsqueeze(-2)).softmax(-1)
     valid = valid_entries(batch)
     return np.where(valid, posterior.cpu().numpy(), np.nan), np.where(valid, prior.cpu().numpy(), np.nan)
+
+
+def exact_posterior_draws(model: LatentAlignmentModel, draws: int, *args, **kwargs) -> torch.Tensor:
+    """Alignments ``[draws, B, T]`` from the model's posterior given the observed target, by
+    ``infer_discrete`` over the alignment enumerated (whatever the variant's training estimator):
+    one enumerated pass, the draws a plate to the left of the model's."""
+
+    def in_draws(*args, **kwargs):
+        with pyro.plate("draws", draws, dim=-1 - MAX_PLATE_NESTING):
+            return model.model(*args, **kwargs)
+
+    sampler = infer_discrete(config_enumerate(in_draws, default="parallel"), first_available_dim=-2 - MAX_PLATE_NESTING)
+    return poutine.trace(sampler).get_trace(*args, **kwargs).nodes[ALIGNMENT]["value"]
 
 
 def pieces(data: Multi30k, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
@@ -177,7 +199,7 @@ def chosen_sentences(run_dir: Path, split_name: str, sentences: Sequence[int], s
     settings, data, model = load_trained(TASK, run_dir, data_root)
     if not has_attention_posterior(settings):
         raise ValueError(f"{run_dir}: variant {settings.variant!r} has no attention posterior of its own to draw "
-                         "(soft: fixed weights; nokl: no prior; hard, hard-enum: q is the model's attention; exact: no guide)")
+                         "(soft: fixed weights; nokl: no prior to set it against)")
 
     def translation(batch: ParallelBatch) -> str:
         return data.decode(beam_search(model, batch.src, batch.src_mask, BOS, EOS, settings.beam_size,

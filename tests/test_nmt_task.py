@@ -24,7 +24,7 @@ from experiments.runner import RunContext, load_trained
 from models.nmt import DecoderOutputs, DecoderState, Memory
 from tests.nmt_support import write_corpus
 from tests.test_latent_alignment import build as build_alignment_model
-from tests.test_latent_alignment import toy_batch
+from tests.test_latent_alignment import network_tables, toy_batch
 
 
 @pytest.fixture(autouse=True)
@@ -156,7 +156,7 @@ def test_a_run_reports_its_metrics_and_writes_the_attention_posterior(toy_root, 
     assert {"mean", "sd", "hdi_3%", "hdi_97%", "ess_bulk", "r_hat"} <= set(summary.columns)
     # independent draws: R-hat near 1 and ESS near the number of draws (2 chains of 20)
     assert len(summary) > 0 and abs(summary["r_hat"].median() - 1) < 0.05 and summary["ess_bulk"].median() > 20
-    for variant in ("soft", "hard"):  # no posterior of its own: soft's is its weights, hard's q is p
+    for variant in ("soft", "nokl"):  # no posterior beside a prior: soft's is its weights, nokl has no prior
         quick = settings(variant, max_epochs=1, uncertainty_draws=20, max_train=32)
         nmt.train_run(quick, data, context(tmp_path / variant, quick))
         assert not (tmp_path / variant / "diagnostics").exists()
@@ -199,6 +199,27 @@ def test_alignment_draws_follow_the_inference_networks_q_not_the_models_attentio
     np.testing.assert_allclose(prior[valid], attention.detach().numpy()[valid], rtol=1e-5)
     assert np.abs(posterior.mean(0) - q)[valid].max() < 0.04  # Monte Carlo sd at most 0.008
     assert np.abs(q - prior)[valid].max() > 0.2  # so the draws are q's, not the prior's
+
+
+@pytest.mark.parametrize("variant", ["exact", "hard"])
+def test_alignment_draws_of_a_model_without_inference_network_follow_its_exact_posterior(variant):
+    """p(z_j | x, y_<=j) proportional to p(z_j | x, y_<j) p(y_j | x, y_<j, z_j), by hand from the
+    network's tables, against the frequencies of the draws (infer_discrete over the enumerated site)."""
+    torch.manual_seed(0)
+    model = build_alignment_model(variant).eval()
+    with torch.no_grad():
+        model.network.output.weight.mul_(20.0)  # tokens that pin down their alignment: a posterior far from the prior
+    src, src_mask, tgt_in, tgt_mask, tgt_out = toy_batch()
+    batch = ParallelBatch(src, src_mask, tgt_in, tgt_out, tgt_mask)
+    posterior, prior = alignment_draws(model, batch, draws=4000, seed=0)
+    with torch.no_grad():
+        log_prior, log_likelihood, _, _ = network_tables(model, src, src_mask, tgt_in, tgt_out)
+    exact = (log_prior + log_likelihood).softmax(-1).numpy()
+    valid = (tgt_mask[:, :, None] & src_mask[:, None, :]).numpy()
+    assert set(np.unique(posterior[~np.isnan(posterior)])) <= {0.0, 1.0}  # one-hot draws
+    np.testing.assert_allclose(prior[valid], log_prior.exp().numpy()[valid], rtol=1e-5)
+    assert np.abs(posterior.mean(0) - exact)[valid].max() < 0.04  # Monte Carlo sd at most 0.008
+    assert np.abs(exact - prior)[valid].max() > 0.2  # so the draws are the posterior's, not the prior's
 
 
 class Crash(Exception):
