@@ -10,8 +10,8 @@ Draws come from ``pyro.infer.Predictive`` over the model and its guide, vectoriz
 - Latent alignments (:func:`alignment_draws`, :mod:`models.latent_alignment`): for variational
   attention (``va-*``) from q(z | x, y), the inference network reading the whole reference; for the
   models without one (``exact``, ``hard``, ``hard-enum``) from the model's own exact posterior
-  p(z_j | x, y_<=j), proportional to p(z_j | x, y_<j) p(y_j | x, y_<j, z_j), which Pyro's
-  ``infer_discrete`` draws from the enumerated alignment. One-hot for the categorical variants, so
+  p(z_j | x, y_<=j), proportional to p(z_j | x, y_<j) p(y_j | x, y_<j, z_j)
+  (``LatentAlignmentModel.posterior_alignments``). One-hot for the categorical variants, so
   that their mean estimates the posterior; Dirichlet weights for ``va-relaxed``. The prior beside
   it is the model's attention p(z_j | x, y_<j).
 
@@ -43,9 +43,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-import pyro
-from pyro import poutine
-from pyro.infer import Predictive, config_enumerate, infer_discrete
+from pyro.infer import Predictive
 
 from analysis.diagnostics import attention_inference_data, attention_summary
 from analysis.plots import plt, save_figure
@@ -57,7 +55,7 @@ from experiments.nmt import TASK, has_attention_posterior
 from experiments.runner import load_trained
 from models.decoding import beam_search
 from guides.alignment import guide_for
-from models.latent_alignment import ALIGNMENT, MAX_PLATE_NESTING, LatentAlignmentModel, masked_scores
+from models.latent_alignment import ALIGNMENT, LatentAlignmentModel, masked_scores
 
 #: validation sentences whose attention is drawn (the first ones of the file)
 SENTENCES = (0, 1, 2)
@@ -110,7 +108,7 @@ def alignment_draws(model: LatentAlignmentModel, batch: ParallelBatch, draws: in
                                     return_sites=[ALIGNMENT])
             posterior = predictive(*args, **kwargs)[ALIGNMENT]
         else:
-            posterior = exact_posterior_draws(model, draws, *args, **kwargs)
+            posterior = model.posterior_alignments(draws, *args, **kwargs)
         if not model.spec.relaxed:
             posterior = torch.nn.functional.one_hot(posterior, batch.src.size(1)).float()
         memory = model.network.encode(batch.src, batch.src_mask)
@@ -118,19 +116,6 @@ def alignment_draws(model: LatentAlignmentModel, batch: ParallelBatch, draws: in
         prior = masked_scores(scores, memory.mask.unsqueeze(-2)).softmax(-1)
     valid = valid_entries(batch)
     return np.where(valid, posterior.cpu().numpy(), np.nan), np.where(valid, prior.cpu().numpy(), np.nan)
-
-
-def exact_posterior_draws(model: LatentAlignmentModel, draws: int, *args, **kwargs) -> torch.Tensor:
-    """Alignments ``[draws, B, T]`` from the model's posterior given the observed target, by
-    ``infer_discrete`` over the alignment enumerated (whatever the variant's training estimator):
-    one enumerated pass, the draws a plate to the left of the model's."""
-
-    def in_draws(*args, **kwargs):
-        with pyro.plate("draws", draws, dim=-1 - MAX_PLATE_NESTING):
-            return model.model(*args, **kwargs)
-
-    sampler = infer_discrete(config_enumerate(in_draws, default="parallel"), first_available_dim=-2 - MAX_PLATE_NESTING)
-    return poutine.trace(sampler).get_trace(*args, **kwargs).nodes[ALIGNMENT]["value"]
 
 
 def pieces(data: Multi30k, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:

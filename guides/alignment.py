@@ -77,8 +77,8 @@ def no_guide(*args: Any, **kwargs: Any) -> None:
     """
     if not any(isinstance(handler, EnumMessenger) for handler in _PYRO_STACK):
         raise ValueError("the exact variant's alignment is summed out by enumeration: train it with "
-                         "TraceEnum_ELBO (elbo_for('exact')); for prior draws call Predictive(model.model) "
-                         "without a guide")
+                         "TraceEnum_ELBO (elbo_for('exact')); for posterior draws call model.posterior_alignments, "
+                         "for prior draws Predictive(model.model) without a guide")
 
 
 class PriorGuide(GuideMessenger):

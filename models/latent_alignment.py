@@ -49,7 +49,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro import poutine
-from pyro.infer import TraceEnum_ELBO, TraceMeanField_ELBO
+from pyro.infer import TraceEnum_ELBO, TraceMeanField_ELBO, config_enumerate, infer_discrete
 from torch import Tensor, nn
 
 from bam_pyro import BamModel, ObjectiveConfig
@@ -240,6 +240,23 @@ class LatentAlignmentModel(BamModel):
                 baseline = self.soft_log_likelihood(steps.states, alignment_logits, memory.states, tgt_out)
                 infer["baseline"] = {"baseline_value": baseline}
             return pyro.sample(TOKENS, tokens, obs=tgt_out, infer=infer)
+
+    @torch.no_grad()
+    def posterior_alignments(self, draws: int, src: Tensor, src_mask: Tensor, tgt_in: Tensor, tgt_mask: Tensor,
+                             tgt_out: Tensor) -> Tensor:
+        """Alignments ``[draws, B, T]`` from the model's exact posterior given the target,
+        ``p(z_j | x, y_<=j)`` proportional to ``p(z_j | x, y_<j) p(y_j | x, y_<j, z_j)``, whatever the
+        variant's training estimator: Pyro's ``infer_discrete`` over the alignment enumerated, in one
+        pass (the draws a plate left of the model's). Categorical variants only."""
+        if self.spec.relaxed:
+            raise ValueError("va-relaxed's alignments are Dirichlet weights: there is no categorical posterior to enumerate")
+
+        def in_draws() -> Tensor:
+            with pyro.plate("draws", draws, dim=-1 - MAX_PLATE_NESTING):
+                return self.model(src, src_mask, tgt_in, tgt_mask, tgt_out)
+
+        sampler = infer_discrete(config_enumerate(in_draws, default="parallel"), first_available_dim=-2 - MAX_PLATE_NESTING)
+        return poutine.trace(sampler).get_trace().nodes[ALIGNMENT]["value"]
 
     def target_plates(self, tgt_mask: Tensor) -> contextlib.AbstractContextManager[None]:
         """The translation task's target plates (:func:`models.nmt.target_plates`)."""

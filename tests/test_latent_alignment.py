@@ -524,7 +524,7 @@ def test_exact_refuses_an_elbo_or_predictive_that_does_not_enumerate():
     for loss in (Trace_ELBO(max_plate_nesting=2), TraceGraph_ELBO(max_plate_nesting=2)):
         with pytest.raises(ValueError, match="summed out by enumeration: train it with TraceEnum_ELBO"):
             loss.loss(model.model, guide_for(model), *batch)
-    with pytest.raises(ValueError, match="call Predictive\\(model.model\\) without a guide"):
+    with pytest.raises(ValueError, match="posterior draws call model.posterior_alignments, for prior draws Predictive"):
         Predictive(model.model, guide=guide_for(model), num_samples=2)(*batch)
     assert math.isfinite(elbo_for("exact").loss(model.model, guide_for(model), *batch))
     prior = Predictive(model.model, num_samples=2, return_sites=[ALIGNMENT])(*batch)[ALIGNMENT]
@@ -560,6 +560,8 @@ def test_bad_input_errors_clearly():
     with pytest.raises(ValueError, match="use TraceMeanField_ELBO"):
         model = build("va-relaxed")
         AlignmentELBO().differentiable_loss(model.model, guide_for(model), *toy_batch())
+    with pytest.raises(ValueError, match="Dirichlet weights: there is no categorical posterior"):
+        build("va-relaxed").posterior_alignments(2, *toy_batch())
     with pytest.raises(ValueError, match="same mask"):
         alpha = torch.ones(2, 3)
         torch.distributions.kl_divergence(MaskedDirichlet(alpha, torch.tensor([True, True, False])),
