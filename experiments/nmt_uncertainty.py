@@ -51,8 +51,6 @@ from bam_pyro import BamModel
 from bam_pyro.predictive import predictive_draws
 from experiments.multi30k import (BOS, EOS, EncodedSplit, Multi30k, ParallelBatch, SentencePairs, check_pairs,
                                   encode_split, make_batch)
-from experiments import runner
-from experiments.nmt import TASK, has_attention_posterior
 from models.decoding import beam_search
 from guides.alignment import guide_for
 from models.latent_alignment import ALIGNMENT, LatentAlignmentModel, masked_scores
@@ -181,7 +179,11 @@ def chosen_sentences(run_dir: Path, split_name: str, sentences: Sequence[int], s
     """Load the finished run in ``run_dir``, draw the attention posterior of the chosen sentences
     (see module doc) into ``out`` (default: ``<run>/attention-<split>-<sentence>`` or
     ``<run>/attention-source``) and print the first one's source, target and translation."""
-    settings, data, model = runner.load_trained(TASK, run_dir, data_root)
+    # imported here: the task imports this module for its runs (and a run's process may hold an older runner)
+    from experiments.nmt import TASK, has_attention_posterior
+    from experiments.runner import load_trained
+
+    settings, data, model = load_trained(TASK, run_dir, data_root)
     if not has_attention_posterior(settings):
         raise ValueError(f"{run_dir}: variant {settings.variant!r} has no attention posterior of its own to draw "
                          "(soft: fixed weights; nokl: no prior to set it against)")
