@@ -374,12 +374,15 @@ def load_trained(task: Task, run_dir: os.PathLike, data_root: Optional[str] = No
 
 
 def paired_table(task: Task, results: pd.DataFrame) -> pd.DataFrame:
-    """Per panel and variant: mean ± std over seeds of each metric, the paired difference to soft of
-    the first metric with its confidence interval, and the paper's figures of each metric it gives."""
+    """Per panel and variant (in the task's order of variants): mean ± std over seeds of each metric,
+    the paired difference to soft of the first metric with its confidence interval, and the paper's
+    figures of each metric it gives."""
+    rank = {variant: i for i, variant in enumerate(task.variants)}
     tables = []
     for panel, runs in results.groupby(task.panel, sort=False):
         metrics = [m for m in task.metrics_of(panel) if m in runs]
         table = summarize(runs, [task.panel, "variant"], metrics)
+        table = table.iloc[sorted(range(len(table)), key=lambda row: rank.get(table.index[row][1], len(rank)))]
         if metrics:
             paired = paired_difference(runs, [task.panel], metrics[0])[metrics[0]]
             table[f"{metrics[0]} - soft (paired)"] = paired.reindex(table.index).fillna("")

@@ -159,10 +159,10 @@ def test_summary_writes_counts_whole_and_measures_as_mean_and_std():
 def test_paired_table_shows_the_papers_figures_of_the_metrics_it_gives():
     task = dataclasses.replace(TOY, metrics=("score", "speed", "size"),
                                paper={"a": {"soft": {"score": "1.50"}, "wc": {"score": "2.00 ± 0.1", "size": "42M"}}})
-    results = pd.DataFrame(dict(dataset=["a", "a", "b"], variant=["soft", "wc", "wc"], seed=[0, 0, 0],
-                                score=[1.0, 2.0, 3.0], speed=[0.5, 0.6, 0.7], size=[10, 11, 11]))
+    results = pd.DataFrame(dict(dataset=["a", "a", "b"], variant=["wc", "soft", "wc"], seed=[0, 0, 0],
+                                score=[2.0, 1.0, 3.0], speed=[0.6, 0.5, 0.7], size=[11, 10, 11]))
     table = paired_table(task, results)
-    assert [c for c in table if c.startswith("paper")] == ["paper score", "paper size"]  # none given for speed
+    assert table.index.tolist() == [("a", "soft"), ("a", "wc"), ("b", "wc")]  # the task's order of variants    assert [c for c in table if c.startswith("paper")] == ["paper score", "paper size"]  # none given for speed
     assert table["paper score"].tolist() == ["1.50", "2.00 ± 0.1", ""]  # as the paper prints it; none for panel b
     assert table["paper size"].tolist() == ["", "42M", ""]
 
