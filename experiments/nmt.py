@@ -12,7 +12,8 @@ for all of them; it is what Deng et al. select their models on; and it is one te
 add a decoding of the whole validation set to every epoch and is a coarser signal on 1,014
 sentences. The best epoch is then scored on
 validation and test: perplexity of the BPE pieces (EOS counted) and BLEU (``sacrebleu`` on the
-detokenized beam-search output against the raw references). In eval mode the attention is its
+detokenized beam-search output against the raw references), the output kept in the run's folder
+(``translations/{val,test}.en``, one sentence a line, in file order). In eval mode the attention is its
 posterior mean, i.e. soft attention with the learned weights.
 
 The training loss printed for BAM variants is not a perplexity: under the ``mean`` reduction it
@@ -41,6 +42,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Literal, NamedTuple, Optional
 
 import numpy as np
@@ -258,6 +260,13 @@ def bleu(hypotheses: list[str], references: list[str]) -> float:
     return float(sacrebleu.corpus_bleu(hypotheses, [references]).score)
 
 
+def write_lines(path: Path, lines: list[str]) -> Path:
+    """One sentence a line, in file order (what ``sacrebleu REF < path`` and paired tests read)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    return path
+
+
 def make_optimizer(settings: NmtSettings, model: torch.nn.Module) -> torch.optim.Optimizer:
     """Adam (Deng et al.'s optimizer), fused: one kernel for all parameters, 6x faster on CPU."""
     return torch.optim.Adam(model.parameters(), lr=settings.learning_rate, fused=True)
@@ -307,6 +316,7 @@ def train_run(settings: NmtSettings, data: Multi30k, run: RunContext) -> dict[st
         scores[f"{name}_ppl"] = perplexity(model, split, settings.eval_batch_size)
         hypotheses = translate(model, data, split, settings.beam_size, settings.length_penalty, settings.eval_batch_size)
         scores[f"{name}_bleu"] = bleu(hypotheses, split.references)
+        write_lines(run.folder / "translations" / f"{name}.en", hypotheses)
     if settings.seed == settings.uncertainty_seed and settings.uncertainty_draws and has_attention_posterior(settings):
         from experiments.nmt_uncertainty import attention_uncertainty
 

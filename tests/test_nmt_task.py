@@ -150,6 +150,10 @@ def test_a_run_reports_its_metrics_and_writes_the_attention_posterior(toy_root, 
     assert ctx.fit_result.epochs == 2 and metrics["val_ppl"] < data.vocab_size / 2  # better than uniform
     assert metrics["parameters"] == sum(p.numel() for p in nmt.build_trainable(run, data.vocab_size).model.parameters())
     assert 0 < metrics["seconds_per_step"] < 5 and 0 <= metrics["test_bleu"] <= 100
+    for split in ("val", "test"):  # the scored output, kept: BLEU recomputed from the file is the record's
+        lines = (tmp_path / "translations" / f"{split}.en").read_text(encoding="utf-8").split("\n")[:-1]
+        references = getattr(data, split).references
+        assert len(lines) == len(references) and nmt.bleu(lines, references) == metrics[f"{split}_bleu"]
     assert (tmp_path / "figures" / "attention.png").stat().st_size > 10_000
     assert (tmp_path / "diagnostics" / "attention.nc").is_file()
     summary = pd.read_csv(tmp_path / "diagnostics" / "attention-summary.csv")
