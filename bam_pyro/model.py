@@ -35,7 +35,8 @@ in it, or ``SVI`` finds nothing to train.
 ``step`` is advanced by the training loop (``SVITrainer`` does it; Pyro's ``SVI`` cannot know it).
 A loop that forgets it would train with ``lambda_t`` frozen at its first value, another objective
 without an error, so a model under annealing warns (:class:`AnnealingStalledWarning`) once
-:data:`STALLED_ANNEALING_PASSES` training passes have gone by at one step.
+:data:`STALLED_ANNEALING_READS` training reads of ``lambda_t`` (:meth:`BamModel.kl_scale`: a model
+pass reads it once, a guide that scales by it once more) have gone by at one step.
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ from .sites import attention_sites
 #: unobserved, it is predicted from the model, never given a posterior of its own
 TARGET = "bam_target"
 
-#: training passes (train mode, gradients on) at one ``step`` after which an annealed model warns
-STALLED_ANNEALING_PASSES = 100
+#: reads of lambda_t in training (train mode, gradients on) at one ``step`` after which an annealed model warns
+STALLED_ANNEALING_READS = 100
 
 
 class AnnealingStalledWarning(UserWarning):
@@ -89,31 +90,31 @@ class BamModel(nn.Module):
         self.objective = objective
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
         self.record_attention = False
-        self._passes_at_step = (0, 0)  # (step, training passes seen at it)
+        self._reads_at_step = (0, 0)  # (step, training reads of lambda_t at it)
         layers = [(n, m) for n, m in network.named_modules() if isinstance(m, BayesianAttention)]
         for name, layer in layers:
             layer.site_name = name
         self.num_sites = sum(layer.config.prior is not None for _, layer in layers)
 
     def kl_scale(self) -> float:
-        """lambda_t * kl_weight, the weight of the KL term at the current step."""
-        return self.objective.kl_weight * self.objective.kl_annealing(int(self.step))
+        """lambda_t * kl_weight, the weight of the KL term at the current step (a read in training
+        is counted, see module doc)."""
+        step = int(self.step)
+        if self.objective.anneal_rate is not None and self.training and torch.is_grad_enabled():
+            self._count_read(step)
+        return self.objective.kl_weight * self.objective.kl_annealing(step)
 
-    def note_training_pass(self) -> None:
-        """Count a training pass at the current ``step``; under annealing, warn once when
-        :data:`STALLED_ANNEALING_PASSES` of them go by without the step moving (see module doc)."""
-        if self.objective.anneal_rate is None or not (self.training and torch.is_grad_enabled()):
-            return
-        step, passes = self._passes_at_step
-        passes = passes + 1 if int(self.step) == step else 1
-        self._passes_at_step = (int(self.step), passes)
-        if passes == STALLED_ANNEALING_PASSES:
-            warnings.warn(f"{passes} training passes at step {step}: the KL annealing lambda_t = sigmoid(t * rho) "
-                          "stands still; advance model.step after each optimizer step (Pyro's SVI does not)",
-                          AnnealingStalledWarning, stacklevel=3)
+    def _count_read(self, step: int) -> None:
+        """Warn once when :data:`STALLED_ANNEALING_READS` training reads of lambda_t go by at one step."""
+        seen, reads = self._reads_at_step
+        reads = reads + 1 if step == seen else 1
+        self._reads_at_step = (step, reads)
+        if reads == STALLED_ANNEALING_READS:
+            warnings.warn(f"{reads} training reads of lambda_t at step {step}: the KL annealing lambda_t = "
+                          "sigmoid(t * rho) stands still; advance model.step after each optimizer step "
+                          "(Pyro's SVI does not)", AnnealingStalledWarning, stacklevel=4)
 
     def model(self, *inputs: Any, **targets: Any) -> Any:
-        self.note_training_pass()
         mean_over = self.num_sites if self.objective.reduction == "mean" else None
         with attention_sites(self.kl_scale(), mean_over, self.record_attention):
             outputs = self.network(*inputs)

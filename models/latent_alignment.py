@@ -220,8 +220,6 @@ class LatentAlignmentModel(BamModel):
         memory = self.network.encode(src, src_mask)
         steps = self.network.decoder_states(memory, tgt_in)
         alignment_logits = masked_scores(steps.scores, memory.mask.unsqueeze(-2))
-        if self.spec.has_kl:
-            self.note_training_pass()
         kl_scale = self.kl_scale() if self.spec.has_kl else 1.0
         with self.target_plates(tgt_mask):
             if self.spec.relaxed:
