@@ -184,7 +184,9 @@ def attach_bayesian_attention(model: PreTrainedModel, config: BamConfig) -> None
     for module in model.modules():
         geometry = _head_geometry(module)
         if geometry is not None:
-            setattr(module, BAM_ATTRIBUTE, BayesianAttention(config, *geometry))
+            attention = BayesianAttention(config, *geometry)
+            weight = next(module.parameters(), None)  # a model already on its device gets its priors there
+            setattr(module, BAM_ATTRIBUTE, attention if weight is None else attention.to(weight.device))
             found += 1
     if not found:
         raise ValueError(f"found no attention module in {type(model).__name__} (none has 'scaling' and a head layout)")
@@ -366,6 +368,6 @@ def build_sequence_model(
     head = SequenceRegressor if num_labels == 1 else SequenceClassifier
     bam_model = head(network, objective)
     if bam_model.num_sites:
-        example = torch.zeros(1, 2, dtype=torch.long)
+        example = torch.zeros(1, 2, dtype=torch.long, device=model.device)
         bam_model.num_sites = count_attention_calls(network, example, torch.ones_like(example))
     return bam_model

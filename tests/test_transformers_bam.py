@@ -228,3 +228,19 @@ def test_output_attentions_are_the_bayesian_weights():
         expected = eager(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
     for got, weights in zip(returned, expected):
         torch.testing.assert_close(got, weights)
+
+
+def test_a_model_already_on_its_device_gets_its_priors_and_site_count_there(monkeypatch):
+    """``from_pretrained(..., device_map=...)`` then ``to_bam``: new prior networks are created on
+    the attention modules' device (here ``meta`` stands for an accelerator), and the forward pass
+    that counts the sites feeds inputs on the model's device."""
+    import models.transformers_bam as transformers_bam
+    from bam_pyro import BayesianAttention
+
+    fed_on = []
+    monkeypatch.setattr(transformers_bam, "count_attention_calls", lambda network, *inputs: fed_on.extend(x.device for x in inputs) or 2)
+    model = tiny_bert().to("meta")
+    bam_model = build_sequence_model(model, 3, WC, ObjectiveConfig())
+    priors = [p for m in model.modules() if isinstance(m, BayesianAttention) for p in m.parameters()]
+    assert priors and {p.device.type for p in priors} == {"meta"}
+    assert fed_on and {device.type for device in fed_on} == {"meta"} and bam_model.num_sites == 2
