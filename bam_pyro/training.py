@@ -48,11 +48,15 @@ def seed_everything(seed: int) -> None:
 
 def rng_state() -> dict[str, Any]:
     """Python's, NumPy's and torch's global RNG states, as tensors and plain values (NumPy's
-    key array becomes a tensor, so that ``torch.load(weights_only=True)`` reads it back)."""
+    key array becomes a tensor, so that ``torch.load(weights_only=True)`` reads it back), and
+    every CUDA device's once CUDA is in use (dropout and attention noise drawn there)."""
     numpy_state = np.random.get_state(legacy=False)
     numpy_state["state"] = {"key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
                             "pos": int(numpy_state["state"]["pos"])}
-    return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+    if torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
@@ -62,6 +66,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
                             "pos": numpy_state["state"]["pos"]}
     np.random.set_state(numpy_state)
     torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():  # resumed without CUDA, its streams go unused
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def metadata_differences(saved: dict[str, Any], expected: dict[str, Any]) -> list[str]:

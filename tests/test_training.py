@@ -187,3 +187,31 @@ def test_gat_overrides_reach_the_config_and_the_row():
     assert settings.attention.k == 10.0 and settings.attention.detach_prior_keys is True
     assert settings.attention.prior_scope == "all_keys" and settings.row()["k"] == 10.0
     assert settings.attention.beta == 1e-15  # the rest of the CiteSeer preset holds
+
+
+def test_rng_state_round_trips_and_carries_the_cuda_streams_once_cuda_is_in_use(monkeypatch):
+    """A checkpoint written on a GPU must restore the device's generators too (dropout and attention
+    noise are drawn there), or resume is silently not exact; CUDA is simulated here."""
+    import random
+
+    import numpy as np
+
+    from bam_pyro.training import rng_state, set_rng_state
+
+    seed_everything(3)
+    saved = rng_state()
+    first = (random.random(), np.random.rand(), torch.rand(2))
+    set_rng_state(saved)
+    assert (random.random(), np.random.rand()) == first[:2] and torch.equal(torch.rand(2), first[2])
+    assert "cuda" not in saved
+
+    streams = [torch.tensor([1, 2], dtype=torch.uint8), torch.tensor([3, 4], dtype=torch.uint8)]
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: streams)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.extend)
+    saved = rng_state()
+    assert saved["cuda"] is streams
+    set_rng_state(saved)
+    assert restored == streams
