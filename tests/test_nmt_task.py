@@ -14,13 +14,14 @@ from pyro import poutine
 
 from bam_pyro.training import SVITrainer
 from experiments import nmt
-from experiments.multi30k import EOS, EncodedSplit, ParallelBatch, make_batch
+from experiments.multi30k import BOS, EOS, EncodedSplit, ParallelBatch, make_batch
 from experiments import nmt_uncertainty
 from experiments.nmt_uncertainty import alignment_draws
 from guides.alignment import guide_for
 from models.latent_alignment import ALIGNMENT, masked_scores
 from experiments.records import CHECKPOINT, RECORD
 from experiments.runner import RunContext, load_trained
+from models.decoding import beam_hypotheses
 from models.nmt import DecoderOutputs, DecoderState, Memory
 from tests.nmt_support import write_corpus
 from tests.test_latent_alignment import build as build_alignment_model
@@ -374,3 +375,63 @@ def test_attention_posterior_of_chosen_sentences_from_the_command_line(finished_
         with pytest.raises(SystemExit) as exit:
             nmt_uncertainty.main([*argv, *common])
         assert exit.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_search_errors_are_told_from_model_errors_on_the_objective_beam_search_maximizes(finished_runs, toy_root, tmp_path, capsys):
+    from experiments import nmt_search
+    from models.decoding import length_penalty_factor
+
+    runs = [finished_runs / "multi30k-wc-seed0", finished_runs / "multi30k-soft-seed0"]
+    table = nmt_search.main([*map(str, runs), "--sentences", "10", "--batch-size", "4", "--out", str(tmp_path / "search"),
+                             "--data-root", str(toy_root)])
+    assert list(table["run"]) == [r.name for r in runs] and (tmp_path / "search" / "figures" / "search.png").is_file()
+    scores = pd.read_csv(tmp_path / "search" / "search.csv", keep_default_na=False)
+    assert len(scores) == 20 and list(scores["sentence"][:10]) == list(range(10))
+
+    settings, data, model = load_trained(nmt.TASK, runs[0], str(toy_root))
+    split = nmt_search.first_sentences(data.val, 10)
+    ours = scores[scores["run"] == runs[0].name].reset_index(drop=True)
+    # the references' log-likelihoods are the task's perplexity on these sentences
+    nll = -ours["reference_log_prob"].sum() / ours["reference_pieces"].sum()
+    assert math.exp(nll) == pytest.approx(nmt.perplexity(model, split, 16), rel=1e-5)
+    # the output's log-likelihood is its teacher-forced one: re-score each output as a target
+    batch = split.batch(range(10))
+    outputs = [np.asarray(h[0].tokens, dtype=np.int64) for h in
+               beam_hypotheses(model, batch.src, batch.src_mask, BOS, EOS, settings.beam_size, settings.length_penalty)]
+    assert list(ours["output"]) == [data.decode(o) for o in outputs]
+    rescored = make_batch(split.sources, outputs)
+    with torch.no_grad():
+        log_probs = model.log_probs(*rescored.inputs).gather(-1, rescored.tgt_out.unsqueeze(-1)).squeeze(-1)
+    expected = log_probs.masked_fill(~rescored.tgt_mask, 0.0).sum(-1)
+    torch.testing.assert_close(torch.tensor(ours["output_log_prob"]), expected.double(), rtol=1e-4, atol=1e-4)
+    assert list(ours["exact"]) == [a.tolist() == b.tolist() for a, b in zip(outputs, split.targets)]
+    penalty = length_penalty_factor(torch.tensor(ours["output_pieces"], dtype=torch.float64), settings.length_penalty)
+    torch.testing.assert_close(torch.tensor(ours["output_score"]), torch.tensor(ours["output_log_prob"]) / penalty)
+    summary = table.iloc[0]
+    assert summary["bleu"] == pytest.approx(nmt.bleu(list(ours["output"]), split.references))
+    assert summary["search_errors_%"] == pytest.approx(100 * (ours["reference_score"] > ours["output_score"]).mean())
+
+    with pytest.raises(SystemExit) as exit:
+        nmt_search.main([str(runs[0]), "--sentences", "0", "--data-root", str(toy_root)])
+    assert exit.value.code == 2 and "--sentences and --batch-size must be at least 1" in capsys.readouterr().err
+
+
+def test_search_error_and_model_error_shares_by_hand():
+    from experiments.nmt_search import run_summary
+
+    scores = pd.DataFrame({
+        "reference_log_prob": [-2.0, -9.0, -4.0, -1.0], "reference_pieces": [2, 3, 4, 1],
+        "reference_score": [-1.0, -3.0, -1.0, -1.0],
+        "output_log_prob": [-2.0, -2.0, -6.0, -1.0], "output_pieces": [2, 2, 3, 1],
+        "output_score": [-1.0, -1.0, -2.0, -1.0],
+        "exact": [True, False, False, True],
+        "output": ["a dog runs", "a cat", "two men sit", "hello"],
+        "reference": ["a dog runs", "a dog sleeps", "two men are sitting", "hello"],
+    })
+    summary = run_summary(scores)
+    assert summary["search_errors_%"] == 25.0  # only the third: its reference scores -1 against -2
+    assert summary["model_errors_%"] == 25.0  # the second: the model prefers its wrong output
+    assert summary["exact_%"] == 50.0
+    assert summary["reference_nll_per_piece"] == pytest.approx(16 / 10)
+    assert summary["output_nll_per_piece"] == pytest.approx(11 / 8)
+    assert summary["length_ratio"] == pytest.approx(9 / 11)  # words: 3 + 2 + 3 + 1 against 3 + 3 + 4 + 1
