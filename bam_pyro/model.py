@@ -33,10 +33,12 @@ Pyro's own ``SVI`` with a ``pyro.optim`` optimizer trains them; a ``torch.optim`
 in it, or ``SVI`` finds nothing to train.
 
 ``step`` is advanced by the training loop (``SVITrainer`` does it; Pyro's ``SVI`` cannot know it).
-A loop that forgets it would train with ``lambda_t`` frozen at its first value, another objective
-without an error, so a model under annealing warns (:class:`AnnealingStalledWarning`) once
-:data:`STALLED_ANNEALING_READS` training reads of ``lambda_t`` (:meth:`BamModel.kl_scale`: a model
-pass reads it once, a guide that scales by it once more) have gone by at one step.
+A loop that forgets it would train another objective without an error: ``lambda_t`` frozen at its
+first value, or va-relaxed's Jensen warm start (:class:`guides.alignment.JensenWarmStart`) never
+ending. Every schedule that reads ``step`` reports its reads (:meth:`BamModel.read_step`), and once
+:data:`STALLED_STEP_READS` training reads have gone by at one step the model warns
+(:class:`StalledStepWarning`), naming the schedule; a model pass reads ``lambda_t`` once, a guide
+that scales by it or reads the warm start once more.
 """
 
 from __future__ import annotations
@@ -59,12 +61,12 @@ from .sites import attention_sites
 #: unobserved, it is predicted from the model, never given a posterior of its own
 TARGET = "bam_target"
 
-#: reads of lambda_t in training (train mode, gradients on) at one ``step`` after which an annealed model warns
-STALLED_ANNEALING_READS = 100
+#: reads of ``step`` by a schedule, in training (train mode, gradients on), at one step after which the model warns
+STALLED_STEP_READS = 100
 
 
-class AnnealingStalledWarning(UserWarning):
-    """Training goes on while ``BamModel.step``, the annealing's t, stands still."""
+class StalledStepWarning(UserWarning):
+    """Training goes on while ``BamModel.step``, which a schedule of the objective reads, stands still."""
 
 
 class BamModel(nn.Module):
@@ -90,29 +92,31 @@ class BamModel(nn.Module):
         self.objective = objective
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
         self.record_attention = False
-        self._reads_at_step = (0, 0)  # (step, training reads of lambda_t at it)
+        self._reads_at_step = (0, 0)  # (step, training reads of it by schedules)
         layers = [(n, m) for n, m in network.named_modules() if isinstance(m, BayesianAttention)]
         for name, layer in layers:
             layer.site_name = name
         self.num_sites = sum(layer.config.prior is not None for _, layer in layers)
 
     def kl_scale(self) -> float:
-        """lambda_t * kl_weight, the weight of the KL term at the current step (a read in training
-        is counted, see module doc)."""
-        step = int(self.step)
-        if self.objective.anneal_rate is not None and self.training and torch.is_grad_enabled():
-            self._count_read(step)
-        return self.objective.kl_weight * self.objective.kl_annealing(step)
+        """lambda_t * kl_weight, the weight of the KL term at the current step."""
+        if self.objective.anneal_rate is not None:
+            self.read_step("the KL annealing lambda_t = sigmoid(t * rho)")
+        return self.objective.kl_weight * self.objective.kl_annealing(int(self.step))
 
-    def _count_read(self, step: int) -> None:
-        """Warn once when :data:`STALLED_ANNEALING_READS` training reads of lambda_t go by at one step."""
+    def read_step(self, schedule: str) -> int:
+        """``step``, for a schedule of the objective that depends on it (``schedule`` names it). A
+        read in training counts: after :data:`STALLED_STEP_READS` at one step the model warns, once."""
+        step = int(self.step)
+        if not (self.training and torch.is_grad_enabled()):
+            return step
         seen, reads = self._reads_at_step
         reads = reads + 1 if step == seen else 1
         self._reads_at_step = (step, reads)
-        if reads == STALLED_ANNEALING_READS:
-            warnings.warn(f"{reads} training reads of lambda_t at step {step}: the KL annealing lambda_t = "
-                          "sigmoid(t * rho) stands still; advance model.step after each optimizer step "
-                          "(Pyro's SVI does not)", AnnealingStalledWarning, stacklevel=4)
+        if reads == STALLED_STEP_READS:
+            warnings.warn(f"{reads} training reads of model.step at {step}: {schedule} stands still; advance "
+                          "model.step after each optimizer step (Pyro's SVI does not)", StalledStepWarning, stacklevel=3)
+        return step
 
     def model(self, *inputs: Any, **targets: Any) -> Any:
         mean_over = self.num_sites if self.objective.reduction == "mean" else None

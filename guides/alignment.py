@@ -143,7 +143,9 @@ class JensenWarmStart(GuideMessenger):
 
     @property
     def warming(self) -> bool:
-        return int(self.alignment_model.step) < self.warm_steps
+        if int(self.alignment_model.step) >= self.warm_steps:  # over for good: the step no longer matters
+            return False
+        return self.alignment_model.read_step("va-relaxed's Jensen warm start") < self.warm_steps
 
     def get_posterior(self, name: str, prior: dist.TorchDistribution) -> dist.TorchDistribution:
         if name != ALIGNMENT or self.warming:

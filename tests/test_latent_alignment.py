@@ -568,3 +568,23 @@ def test_bad_input_errors_clearly():
                                           MaskedDirichlet(alpha, torch.tensor([True, False, False])))
     with pytest.raises(ValueError, match="at least one valid entry"):
         MaskedDirichlet(torch.ones(2, 3), torch.tensor([[True, True, False], [False, False, False]]))
+
+
+def test_a_warm_start_whose_step_stands_still_warns_and_one_that_is_over_does_not(recwarn):
+    """An SVI loop that never advances ``model.step`` would fit the Jensen bound forever: after
+    STALLED_STEP_READS training passes at one step inside the warm start, the model says so."""
+    from bam_pyro.model import STALLED_STEP_READS, StalledStepWarning
+
+    model = build("va-relaxed")
+    model.train()
+    batch = toy_batch()
+    guide, elbo = guide_for(model, warm_steps=3), elbo_for("va-relaxed")
+    for _ in range(STALLED_STEP_READS - 1):
+        elbo.differentiable_loss(model.model, guide, *batch)
+    assert not recwarn.list
+    with pytest.warns(StalledStepWarning, match="model.step at 0: va-relaxed's Jensen warm start stands still"):
+        elbo.differentiable_loss(model.model, guide, *batch)
+    model.step.fill_(3)  # the warm start is over: nothing reads the step any more
+    for _ in range(STALLED_STEP_READS + 1):
+        elbo.differentiable_loss(model.model, guide, *batch)
+    assert not [w for w in recwarn.list if issubclass(w.category, StalledStepWarning)]

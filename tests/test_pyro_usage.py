@@ -15,7 +15,7 @@ from pyro.optim import ClippedAdam
 
 from bam_pyro import AttentionGuide, BamConfig, ObjectiveConfig
 from bam_pyro.elbo import AttentionMeanFieldELBO
-from bam_pyro.model import STALLED_ANNEALING_READS, AnnealingStalledWarning
+from bam_pyro.model import STALLED_STEP_READS, StalledStepWarning
 from models.gat import GAT, NodeClassifier, build_node_classifier
 
 from .conftest import random_graph
@@ -170,7 +170,7 @@ def test_attention_guide_alone_draws_other_latent_sites_from_the_model():
 
 def test_an_annealed_model_warns_when_the_loop_does_not_advance_its_step(recwarn):
     """Pyro's SVI cannot advance ``model.step``; a loop that forgets it trains with lambda_t frozen,
-    so after STALLED_ANNEALING_READS training reads of lambda_t at one step (one a model pass) the
+    so after STALLED_STEP_READS training reads of lambda_t at one step (one a model pass) the
     model warns, once."""
     x, edge_index, y = random_graph()
     torch.manual_seed(0)
@@ -178,19 +178,19 @@ def test_an_annealed_model_warns_when_the_loop_does_not_advance_its_step(recwarn
     plain = small_model()  # no annealing: step means nothing to it
     for model in (annealed, plain):
         model.train()
-        for _ in range(STALLED_ANNEALING_READS - 1):
+        for _ in range(STALLED_STEP_READS - 1):
             model.model(x, edge_index, y=y)
     assert not recwarn.list
-    with pytest.warns(AnnealingStalledWarning, match=f"{STALLED_ANNEALING_READS} training reads of lambda_t at step 0"):
+    with pytest.warns(StalledStepWarning, match=f"{STALLED_STEP_READS} training reads of model.step at 0: the KL annealing"):
         annealed.model(x, edge_index, y=y)
-    for _ in range(STALLED_ANNEALING_READS):  # the loop advances the step: no warning
+    for _ in range(STALLED_STEP_READS):  # the loop advances the step: no warning
         annealed.step += 1
         annealed.model(x, edge_index, y=y)
         plain.model(x, edge_index, y=y)
     with torch.no_grad():  # prediction passes (MC dropout in train mode) are no training
-        for _ in range(STALLED_ANNEALING_READS):
+        for _ in range(STALLED_STEP_READS):
             annealed.model(x, edge_index, y=y)
     annealed.eval()
-    for _ in range(STALLED_ANNEALING_READS):
+    for _ in range(STALLED_STEP_READS):
         annealed.model(x, edge_index, y=y)
-    assert not [w for w in recwarn.list if issubclass(w.category, AnnealingStalledWarning)]
+    assert not [w for w in recwarn.list if issubclass(w.category, StalledStepWarning)]
