@@ -21,7 +21,8 @@ For the first ``--sentences`` of a split (file order, the same for every run)::
 writes ``search.csv`` (one row a sentence and run), ``table.csv`` and ``table.md`` (one row a run)
 and ``figures/search.png`` (per run, each sentence's reference score against its output's; points
 under the diagonal are search errors) into ``--out`` (default: ``search-<split>`` beside the runs'
-``runs`` folder).
+``runs`` folder). Each run's sentences are kept in ``<out>/runs`` as they are done: the same command
+again, with more runs or after a stop, scores only what is new.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import argparse
 from pathlib import Path
 from typing import Optional, Sequence
 
-import numpy as np
 import pandas as pd
 import sacrebleu
 import torch
@@ -38,6 +38,8 @@ import torch
 from analysis.plots import plt, save_figure
 from bam_pyro import BamModel
 from experiments.multi30k import BOS, EOS, EncodedSplit, Multi30k
+from experiments.nmt import TASK
+from experiments.runner import load_trained
 from models.decoding import beam_hypotheses, length_penalty_factor
 
 SENTENCES = 500
@@ -107,25 +109,33 @@ def score_plot(scores: pd.DataFrame, path: Path) -> Path:
     return save_figure(fig, path)
 
 
+def run_scores(run_dir: Path, split_name: str, count: int, folder: Path, data_root: Optional[str] = None,
+               batch_size: int = BATCH_SIZE) -> pd.DataFrame:
+    """:func:`sentence_scores` of one finished run with its own beam settings, the ``run`` and
+    ``variant`` in front; kept in ``folder`` and read back from there by a later call (a finished
+    run does not change), so a comparison that is stopped resumes from the runs it has done."""
+    kept = folder / f"{run_dir.name}-{split_name}-{count}.csv"
+    if kept.is_file():
+        return pd.read_csv(kept, keep_default_na=False)
+    settings, data, model = load_trained(TASK, run_dir, data_root)
+    split = first_sentences(getattr(data, split_name), count)
+    print(f"{run_dir.name}: {len(split)} {split_name} sentences, beam {settings.beam_size}", flush=True)
+    scores = sentence_scores(model, data, split, settings.beam_size, settings.length_penalty, batch_size)
+    scores.insert(0, "variant", settings.variant)
+    scores.insert(0, "run", run_dir.name)
+    folder.mkdir(parents=True, exist_ok=True)
+    scores.to_csv(kept.with_suffix(".part"), index=False)
+    kept.with_suffix(".part").replace(kept)
+    return scores
+
+
 def compare_runs(run_dirs: Sequence[Path], split_name: str, count: int, out: Path, data_root: Optional[str] = None,
                  batch_size: int = BATCH_SIZE) -> pd.DataFrame:
     """Score every run on the same sentences; write the tables and the figure into ``out``."""
-    from experiments.nmt import TASK  # imported here, as experiments.nmt_uncertainty does
-    from experiments.runner import load_trained
-
-    scored, summaries = [], []
-    for run_dir in run_dirs:
-        settings, data, model = load_trained(TASK, run_dir, data_root)
-        split = first_sentences(getattr(data, split_name), count)
-        print(f"{run_dir.name}: {len(split)} {split_name} sentences, beam {settings.beam_size}", flush=True)
-        scores = sentence_scores(model, data, split, settings.beam_size, settings.length_penalty, batch_size)
-        scores.insert(0, "run", run_dir.name)
-        scored.append(scores)
-        summaries.append({"run": run_dir.name, "variant": settings.variant, **run_summary(scores)})
-    out.mkdir(parents=True, exist_ok=True)
+    scored = [run_scores(run_dir, split_name, count, out / "runs", data_root, batch_size) for run_dir in run_dirs]
+    table = pd.DataFrame([{"run": s["run"].iloc[0], "variant": s["variant"].iloc[0], **run_summary(s)} for s in scored])
     everything = pd.concat(scored, ignore_index=True)
     everything.to_csv(out / "search.csv", index=False)
-    table = pd.DataFrame(summaries)
     table.to_csv(out / "table.csv", index=False)
     text = table.to_markdown(index=False, floatfmt=".2f")
     (out / "table.md").write_text(text + "\n")

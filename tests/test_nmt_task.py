@@ -377,7 +377,8 @@ def test_attention_posterior_of_chosen_sentences_from_the_command_line(finished_
         assert exit.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_search_errors_are_told_from_model_errors_on_the_objective_beam_search_maximizes(finished_runs, toy_root, tmp_path, capsys):
+def test_search_errors_are_told_from_model_errors_on_the_objective_beam_search_maximizes(finished_runs, toy_root, tmp_path, capsys,
+                                                                                           monkeypatch):
     from experiments import nmt_search
     from models.decoding import length_penalty_factor
 
@@ -410,6 +411,11 @@ def test_search_errors_are_told_from_model_errors_on_the_objective_beam_search_m
     summary = table.iloc[0]
     assert summary["bleu"] == pytest.approx(nmt.bleu(list(ours["output"]), split.references))
     assert summary["search_errors_%"] == pytest.approx(100 * (ours["reference_score"] > ours["output_score"]).mean())
+
+    # again, with the runs kept: nothing is loaded or decoded, the same table comes out
+    monkeypatch.setattr(nmt_search, "load_trained", lambda *args: pytest.fail("a kept run was scored again"))
+    again = nmt_search.main([*map(str, runs), "--sentences", "10", "--out", str(tmp_path / "search"), "--data-root", str(toy_root)])
+    pd.testing.assert_frame_equal(again, table)
 
     with pytest.raises(SystemExit) as exit:
         nmt_search.main([str(runs[0]), "--sentences", "0", "--data-root", str(toy_root)])
