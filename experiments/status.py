@@ -3,9 +3,10 @@
     python -m experiments.status runs/nmt runs/nmt-2epochs
 
 A run is ``finished`` (its record is written), ``training`` (a live process holds its claim: the
-pid is shown), ``paused`` (a checkpoint and no process: the sweep's command resumes it) or
-``not started`` (a folder, no checkpoint and no process: a run killed before its first checkpoint
-starts over). For the unfinished ones: the epoch and step reached,
+pid is shown), ``scoring`` (held, its training over by ``max_epochs`` or early stopping, its scores
+and record to come), ``paused`` (a checkpoint and no process: the sweep's command resumes it; ``paused
+(to score)`` once its training is over) or ``not started`` (a folder, no checkpoint and no process: a
+run killed before its first checkpoint starts over). For the unfinished ones: the epoch and step reached,
 the hours trained, the monitored metric's last values, the best epoch, and the epochs and hours
 left: at most up to ``max_epochs``; at least until early stopping could end it (``patience`` epochs
 without improvement, counted from the warm-up's end), at the run's mean time per epoch so far.
@@ -67,8 +68,15 @@ def run_status(folder: RunFolder, name: str) -> dict[str, Any]:
     done = epochs_done(state)
     fewest, most = epochs_left(state)
     per_epoch = state["seconds"] / done if done else math.nan
+    trained = fewest is not None and fewest <= 0
+    if trained:  # stopped early or at max_epochs: nothing left to train, whatever max_epochs says
+        fewest = most = 0.0
+    if pid:
+        label = f"{'scoring' if trained else 'training'} (pid {pid})"
+    else:
+        label = "paused (to score)" if trained else "paused"
     row.update({
-        "state": f"training (pid {pid})" if pid else "paused",
+        "state": label,
         "epoch": state["epoch"], "step": state["step_in_epoch"], "best epoch": stopping.get("best_epoch"),
         "hours": round(state["seconds"] / 3600, 2),
     })

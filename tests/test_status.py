@@ -23,9 +23,9 @@ class Interrupted(Exception):
 
 
 def interrupted_run(folder: RunFolder, name: str, val_losses: list[float], stopping: EarlyStopping,
-                    max_epochs: int = 10) -> None:
+                    max_epochs: int = 10, interrupted: bool = True) -> None:
     """A tiny GAT trained until its evaluation has run ``len(val_losses)`` times, checkpointed every
-    epoch; the next evaluation interrupts it."""
+    epoch; the next evaluation interrupts it (``interrupted=False``: its training ends before)."""
     seed_everything(0)
     x, edge_index, y = random_graph(num_nodes=20, num_edges=60, seed=0)
     model = build_node_classifier(x.size(1), 3, BamConfig("wc", k=2.0), ObjectiveConfig())
@@ -40,6 +40,9 @@ def interrupted_run(folder: RunFolder, name: str, val_losses: list[float], stopp
         return {"val_loss": loss}
 
     batch = ((x, edge_index), dict(y=y, nodes=torch.arange(10)))
+    if not interrupted:
+        trainer.fit(lambda: [batch], evaluate, max_epochs, stopping, progress=False, steps_per_epoch=1)
+        return
     with pytest.raises(Interrupted):
         trainer.fit(lambda: [batch], evaluate, max_epochs, stopping, progress=False, steps_per_epoch=1)
 
@@ -66,6 +69,19 @@ def test_status_tells_finished_paused_training_and_the_epochs_left(tmp_path):
     assert table.loc["toy-wc-seed2", "state"] == "not started"
     # the claim is given back: nobody trains it now
     assert sweep_status([folder.out]).set_index("run").loc["toy-wc-seed1", "state"] == "paused"
+
+
+def test_a_run_whose_training_is_over_is_scoring_or_paused_to_score(tmp_path):
+    """Stopped early (patience 2 used up) or at max_epochs, with no record yet: its scores are due."""
+    folder = RunFolder(tmp_path)
+    interrupted_run(folder, "toy-wc-seed0", [1.0, 2.0, 3.0], EarlyStopping({"val_loss": "min"}, patience=2), interrupted=False)
+    interrupted_run(folder, "toy-wc-seed1", [1.0, 0.9], EarlyStopping({"val_loss": "min"}, patience=2), max_epochs=2,
+                    interrupted=False)
+    interrupted_run(folder, "toy-wc-seed2", [1.0, 2.0], EarlyStopping({"val_loss": "min"}, patience=2))  # one more to go
+    with folder.claimed("toy-wc-seed1"):
+        table = sweep_status([folder.out]).set_index("run")
+    assert table["state"].tolist() == ["paused (to score)", f"scoring (pid {os.getpid()})", "paused"]
+    assert table["epochs left"].tolist() == ["0.0", "0.0", "1.0-8.0"]
 
 
 def test_a_killed_holder_leaves_the_run_paused(tmp_path):
