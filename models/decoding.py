@@ -11,7 +11,8 @@ A hypothesis that emits EOS among the best ``beam_size`` candidates of a step is
 score ``log p(y) / lp(|y|)``, ``lp(n) = ((5 + n) / 6) ** length_penalty`` (Wu et al. 2016;
 ``|y|`` counts EOS), and the best ``beam_size`` candidates that do not end stay open. A sentence is
 done once it has ``beam_size`` finished hypotheses none of which the best open one, scored at its
-current length, would beat; hypotheses still open at the length limit are finished there. The best
+current length, would beat; hypotheses still open at its length limit are finished there (by
+default twice its own source plus 10 tokens, so a sentence decodes the same in any batch). The best
 finished score wins. With ``beam_size=1`` this is exactly greedy decoding: the hypothesis that stays
 open when EOS is the best candidate scores below it at the same length.
 """
@@ -40,9 +41,12 @@ class StepwiseTranslator(Protocol):
     training: bool
 
 
-def default_max_length(src_mask: Tensor) -> int:
-    """Length limit of the outputs of a batch: twice its longest source plus 10 tokens."""
-    return 2 * int(src_mask.sum(-1).max()) + 10
+def length_limits(src_mask: Tensor, max_length: Optional[int] = None) -> list[int]:
+    """Each sentence's output length limit: ``max_length``, else twice its own source plus 10
+    tokens (its own, not the batch's longest: the output must not depend on the batch)."""
+    if max_length:
+        return [max_length] * src_mask.size(0)
+    return (2 * src_mask.sum(-1) + 10).tolist()
 
 
 def length_penalty_factor(length: Tensor, alpha: float) -> Tensor:
@@ -63,8 +67,9 @@ def _eval_mode(model: StepwiseTranslator) -> Iterator[None]:
 
 def greedy(model: StepwiseTranslator, src: Tensor, src_mask: Tensor, bos: int, eos: int,
            max_length: Optional[int] = None) -> list[list[int]]:
-    """The most probable next token at every step until EOS; returns each sentence's ids (no EOS)."""
-    max_length = max_length or default_max_length(src_mask)
+    """The most probable next token at every step until EOS or the sentence's length limit
+    (:func:`length_limits`); returns each sentence's ids (no EOS)."""
+    limits = length_limits(src_mask, max_length)
     with _eval_mode(model):
         network = model.network
         memory = network.encode(src, src_mask)
@@ -72,7 +77,7 @@ def greedy(model: StepwiseTranslator, src: Tensor, src_mask: Tensor, bos: int, e
         tokens = torch.full((src.size(0),), bos, dtype=torch.long, device=src.device)
         outputs: list[list[int]] = [[] for _ in range(src.size(0))]
         open_rows = list(range(src.size(0)))  # sentences not finished, in the order of the rows
-        for _ in range(max_length):
+        for length in range(1, max(limits, default=0) + 1):
             step, state = network.step(memory, state, tokens)
             tokens = model.next_token_log_probs(memory, step).argmax(-1)
             keep = []
@@ -80,7 +85,8 @@ def greedy(model: StepwiseTranslator, src: Tensor, src_mask: Tensor, bos: int, e
                 if token == eos:
                     continue
                 outputs[open_rows[row]].append(token)
-                keep.append(row)
+                if length < limits[open_rows[row]]:
+                    keep.append(row)
             if not keep:
                 break
             if len(keep) < len(open_rows):
@@ -122,7 +128,7 @@ def beam_hypotheses(model: StepwiseTranslator, src: Tensor, src_mask: Tensor, bo
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
     if length_penalty < 0:
         raise ValueError(f"length_penalty must be >= 0, got {length_penalty}")
-    max_length = max_length or default_max_length(src_mask)
+    limits = length_limits(src_mask, max_length)
     batch, k = src.size(0), beam_size
     with _eval_mode(model):
         network = model.network
@@ -136,7 +142,7 @@ def beam_hypotheses(model: StepwiseTranslator, src: Tensor, src_mask: Tensor, bo
         prefixes = torch.empty(batch, k, 0, dtype=torch.long, device=src.device)
         finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
         sentences = list(range(batch))  # the sentence of each block of k rows still decoded
-        for length in range(1, max_length + 1):
+        for length in range(1, max(limits, default=0) + 1):
             step, state = network.step(memory, state, tokens)
             log_probs = model.next_token_log_probs(memory, step)
             vocab = log_probs.size(-1)
@@ -160,7 +166,17 @@ def beam_hypotheses(model: StepwiseTranslator, src: Tensor, src_mask: Tensor, bo
             flat_origin = (origin + torch.arange(len(sentences), device=src.device).unsqueeze(-1) * k).flatten()
             state, tokens = state.select(flat_origin), token.flatten()
             open_best = (scores.max(-1).values / penalty).tolist()
-            live = [b for b, sentence in enumerate(sentences) if not _settled(finished[sentence], k, open_best[b])]
+            live = []
+            for block, sentence in enumerate(sentences):
+                if _settled(finished[sentence], k, open_best[block]):
+                    continue
+                if length < limits[sentence]:
+                    live.append(block)
+                    continue
+                for beam in range(k):  # its length limit: the hypotheses still open finish here
+                    log_prob = float(scores[block, beam])
+                    if math.isfinite(log_prob):
+                        finished[sentence].append(Hypothesis(prefixes[block, beam].tolist(), log_prob, log_prob / penalty))
             if not live:
                 break
             if len(live) < len(sentences):
@@ -169,11 +185,4 @@ def beam_hypotheses(model: StepwiseTranslator, src: Tensor, src_mask: Tensor, bo
                 memory, state, tokens = memory.select(index), state.select(index), tokens.index_select(0, index)
                 scores, prefixes = scores.index_select(0, blocks), prefixes.index_select(0, blocks)
                 sentences = [sentences[b] for b in live]
-        else:  # the length limit: hypotheses still open finish there
-            penalty = float(length_penalty_factor(torch.tensor(float(max_length)), length_penalty))
-            for block, sentence in enumerate(sentences):
-                for beam in range(k):
-                    log_prob = float(scores[block, beam])
-                    if math.isfinite(log_prob):
-                        finished[sentence].append(Hypothesis(prefixes[block, beam].tolist(), log_prob, log_prob / penalty))
         return [sorted(hypotheses, key=lambda h: -h.score) for hypotheses in finished]

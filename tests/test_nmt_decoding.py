@@ -76,6 +76,21 @@ def test_the_length_limit_ends_open_hypotheses():
         beam_search(model, src, mask, BOS, EOS, beam_size=0)
 
 
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_each_sentence_has_its_own_default_length_limit_in_any_batch(beam_size):
+    """A model that never ends stops at twice its own source plus 10 tokens, alone or beside a
+    longer sentence (not at the batch's longest source)."""
+    model = ChainModel()
+    model.log_table[:, EOS] = -30.0  # a b a b ...: no hypothesis ever ends
+    src = torch.tensor([[7, 0, 0, 0], [7, 7, 7, 7]])
+    mask = src != 0
+    for decode in (lambda s, m: greedy(model, s, m, BOS, EOS),
+                   lambda s, m: beam_search(model, s, m, BOS, EOS, beam_size=beam_size)):
+        together = decode(src, mask)
+        assert [len(out) for out in together] == [2 * 1 + 10, 2 * 4 + 10]
+        assert decode(src[:1, :1], mask[:1, :1]) == together[:1]
+
+
 @pytest.fixture(scope="module")
 def copier():
     """A small translator trained for a few seconds to copy its input: its outputs end at
