@@ -52,9 +52,16 @@ class BayesianAttention(nn.Module):
     def forward(self, scores: Tensor, keys: Optional[Tensor], axis: AttentionAxis) -> Tensor:
         """``scores``: entries laid out as ``axis`` expects; ``keys``: ``[..., keys, heads, key_dim]``
         (only read by the contextual prior). Returns normalized weights shaped like ``scores``."""
-        config = self.config
-        if not config.stochastic:
+        if not self.config.stochastic:
             return axis.softmax(scores)
+        if scores.dtype == torch.float16:
+            # float16 holds neither Phi's floor (1e-20) nor the KL's terms at the presets' extremes: the
+            # Bayesian part runs in float32 (as autocast runs softmax) and the weights return in float16
+            return self._bayesian_weights(scores.float(), keys, axis).to(scores.dtype)
+        return self._bayesian_weights(scores, keys, axis)
+
+    def _bayesian_weights(self, scores: Tensor, keys: Optional[Tensor], axis: AttentionAxis) -> Tensor:
+        config = self.config
         phi = log_normalized(axis, scores)
         sites = active_sites()
         if sites is not None and config.prior is not None:
@@ -78,7 +85,7 @@ class BayesianAttention(nn.Module):
                 raise ValueError("the contextual prior (lc, wc) needs the keys; got keys=None")
             if self.config.detach_prior_keys:
                 keys = keys.detach()
-            logits = self.prior_net(keys)
+            logits = self.prior_net(keys).to(phi.dtype)
             if self.config.prior_scope == "all_keys":
                 log_psi = axis.spread(torch.log(axis.softmax_all_keys(logits) + LOG_FLOOR))
             else:

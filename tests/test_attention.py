@@ -4,12 +4,14 @@ finite gradients of the whole SVI loss at the paper's extreme hyperparameters.""
 import math
 import pickle
 
+import pyro.distributions as dist
 import pytest
 import torch
 from pyro.infer import TraceMeanField_ELBO
 
 from bam_pyro import (
     BamConfig,
+    BamModel,
     BayesianAttention,
     DenseKeys,
     EdgeKeys,
@@ -157,6 +159,43 @@ def test_svi_gradients_finite_at_paper_hyperparameters(dataset, variant, params)
         with torch.no_grad():
             for p in model.parameters():
                 p -= 0.01 * p.grad
+
+
+class _PooledClassifier(torch.nn.Module):
+    def __init__(self, config: BamConfig):
+        super().__init__()
+        self.attention = MultiHeadBayesianAttention(8, 2, config)
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, x, valid):
+        h, weights = self.attention(x, x, x, key_padding_mask=valid)
+        self.weights = weights
+        return self.head(h.mean(-2))
+
+
+class _Classifier(BamModel):
+    def likelihood(self, logits, y=None):
+        self.observe("y", dist.Categorical(logits=self.align_to_plate(logits, ndim=2).float()), y)
+
+
+@pytest.mark.parametrize("config", [BamConfig("wc", k=1000.0, beta=1e-6, d_mid=5), BamConfig("lc", sigma_q=1.0, d_mid=5)],
+                         ids=["wc-k1000", "lc"])
+def test_a_float16_model_trains_its_bayesian_attention_in_float32(config):
+    """float16 cannot hold Phi's floor or the KL's terms (the loss was NaN, the gradients inf): the
+    Bayesian part runs in float32 and the weights come back as float16 on the simplex."""
+    torch.manual_seed(0)
+    model = _Classifier(_PooledClassifier(config), ObjectiveConfig()).half()
+    x = torch.randn(3, 5, 8).half()
+    valid = torch.ones(3, 5, dtype=torch.bool)
+    valid[1, 3:] = False
+    loss = TraceMeanField_ELBO().differentiable_loss(model.model, AttentionGuide(model.model), x, valid,
+                                                     y=torch.tensor([0, 1, 1]))
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    weights = model.network.weights
+    assert weights.dtype == torch.float16 and (weights[1, ..., 3:] == 0).all()
+    torch.testing.assert_close(weights.float().sum(-1), torch.ones(weights.shape[:-1]), atol=2e-3, rtol=0)
 
 
 def test_contextual_prior_needs_keys():
