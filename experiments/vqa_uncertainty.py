@@ -59,13 +59,14 @@ def grid_features(model: VqaModel, split: VqaSplit, batch: int) -> torch.Tensor:
 
 
 def feature_noise(shape: torch.Size, seed: int) -> torch.Tensor:
-    """Standard normal noise of ``shape`` from its own generator (the global RNG is left alone)."""
+    """Standard normal noise of ``shape`` from its own CPU generator (the global RNG is left alone,
+    and the noise is the same whatever device the features are on)."""
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
 
 
 def noisy(clean: torch.Tensor, noise: torch.Tensor, variance: float) -> torch.Tensor:
-    """The noisy data's grid features: ``clean + sqrt(variance) * noise``."""
-    return clean + math.sqrt(variance) * noise
+    """The noisy data's grid features: ``clean + sqrt(variance) * noise``, on the features' device."""
+    return clean + math.sqrt(variance) * noise.to(clean.device)
 
 
 @torch.no_grad()
