@@ -20,6 +20,7 @@ with ``torch.load(weights_only=True)``, which executes no pickled code.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import random
 import time
@@ -70,11 +71,25 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def same_setting(a: Any, b: Any) -> bool:
+    """Whether two values of a setting are the same: of one type (``True`` is not ``1``), except
+    that an int and a float may be equal numbers; NaN equals NaN."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b and type(a) is type(b) or (_is_number(a) and _is_number(b) and float(a) == float(b))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def metadata_differences(saved: dict[str, Any], expected: dict[str, Any]) -> list[str]:
-    """``name=saved (expected: value)`` for every entry that differs between two flat dicts."""
+    """``name=saved (this run: value)`` for every entry that differs between two flat dicts
+    (:func:`same_setting`); an entry one side lacks differs too (a checkpoint written before a
+    setting existed may have had any value of it)."""
     names = sorted(set(saved) | set(expected))
-    return [f"{n}={saved.get(n, 'absent')} (this run: {expected.get(n, 'absent')})"
-            for n in names if saved.get(n) != expected.get(n)]
+    return [f"{n}={saved.get(n, 'absent')!r} (this run: {expected.get(n, 'absent')!r})" for n in names
+            if n not in saved or n not in expected or not same_setting(saved[n], expected[n])]
 
 
 @dataclass

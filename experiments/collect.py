@@ -24,7 +24,7 @@ import pandas as pd
 
 from analysis.tables import summarize
 from experiments.records import flatten, read_folders
-from experiments.runner import VARIANT_SETTINGS, Task, write_tables
+from experiments.runner import Task, require_agreement, write_tables
 
 
 def task_of(name: str) -> Task:
@@ -38,19 +38,6 @@ def merged(records: Sequence[dict], compare: bool) -> pd.DataFrame:
     settings = [c for c in records[0]["settings"] if c != "seed"]
     keys = ["task", "_run", *settings] if compare else ["task", "_run"]
     return rows.astype({c: object for c in settings}).drop_duplicates(keys, keep="last").drop(columns="_run")
-
-
-def require_agreement(results: pd.DataFrame, task: Task, settings: Sequence[str]) -> None:
-    """Runs of a panel and variant share every setting; the variants of a panel share all but
-    their attention's (:data:`~experiments.runner.VARIANT_SETTINGS`)."""
-    protocol = [s for s in settings if s not in VARIANT_SETTINGS]
-    for by, names, reason in (([task.panel, "variant"], settings, "they are not seeds of one experiment"),
-                              ([task.panel], protocol, "variants are paired by seed only if trained alike")):
-        for key, runs in results.groupby(by, sort=False):
-            mixed = {n: sorted(map(str, runs[n].unique())) for n in names if runs[n].astype(str).nunique() > 1}
-            if mixed:
-                raise ValueError(f"the {'/'.join(map(str, key if isinstance(key, tuple) else (key,)))} runs "
-                                 f"differ in {mixed}: {reason} (use --compare to tabulate them side by side)")
 
 
 def compare_table(results: pd.DataFrame, task: Task, settings: Sequence[str]) -> pd.DataFrame:
@@ -78,7 +65,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, pd.DataFrame]:
         settings = [c for c in records[0]["settings"] if c != "seed"]
         results = merged(records, args.compare)
         if not args.compare:
-            require_agreement(results, task, settings)
+            require_agreement(results, task, settings, "use --compare to tabulate them side by side")
     except (ValueError, FileNotFoundError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     args.out.mkdir(parents=True, exist_ok=True)

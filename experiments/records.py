@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import math
 import os
 import time
 from contextlib import contextmanager
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import pandas as pd
+
+from bam_pyro.training import same_setting
 
 RECORD = "record.json"
 CHECKPOINT = "checkpoint.pt"
@@ -40,19 +41,9 @@ def setting_differences(recorded: Mapping[str, Any], asked: Mapping[str, Any]) -
     for name, value in asked.items():
         if name not in recorded:
             differing.append(f"{name}=not recorded (asked for {value!r})")
-        elif not _same(recorded[name], value):
+        elif not same_setting(recorded[name], value):
             differing.append(f"{name}={recorded[name]!r} (asked for {value!r})")
     return differing
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    return a == b and type(a) is type(b) or (_is_number(a) and _is_number(b) and float(a) == float(b))
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def versions() -> dict[str, str]:

@@ -276,14 +276,36 @@ def run_cli(task: Task, argv: Optional[Sequence[str]] = None) -> dict[str, pd.Da
     return run_sweep(task, plan, RunFolder(args.out), args, parser)
 
 
+def require_agreement(results: pd.DataFrame, task: Task, settings: Sequence[str], advice: str) -> None:
+    """Runs of a panel and variant share every setting but the seed, and the variants of a panel
+    all but their attention's (:data:`VARIANT_SETTINGS`): else their table would pool or pair runs
+    of different experiments. Raises ``ValueError`` naming the settings, and ``advice``."""
+    protocol = [s for s in settings if s not in VARIANT_SETTINGS]
+    for by, names, reason in (([task.panel, "variant"], settings, "they are not seeds of one experiment"),
+                              ([task.panel], protocol, "variants are paired by seed only if trained alike")):
+        for key, runs in results.groupby(by, sort=False):
+            mixed = {n: sorted(map(str, runs[n].unique())) for n in names if runs[n].astype(str).nunique() > 1}
+            if mixed:
+                raise ValueError(f"the {'/'.join(map(str, key if isinstance(key, tuple) else (key,)))} runs "
+                                 f"differ in {mixed}: {reason} ({advice})")
+
+
 def plan_sweep(task: Task, panels: Sequence[str], variants: Sequence[str], seeds: Sequence[int],
                overrides: Mapping[str, Any], folder: RunFolder) -> dict[str, list[RunSettings]]:
-    """Every run's settings, per panel, with those already finished left out (a finished run with
-    other settings raises :class:`~experiments.records.SettingsMismatch`)."""
-    plan = {}
+    """Every run's settings, per panel, with those already finished left out. A finished run of
+    the same name with other settings raises :class:`~experiments.records.SettingsMismatch`; a
+    run that would not agree with the folder's finished runs (:func:`require_agreement`: another
+    seed of the same variant trained otherwise) raises ``ValueError``."""
+    plan, asked = {}, []
     for panel in panels:
         runs = [task.settings_for(panel, v, s, overrides) for s in seeds for v in variants]  # paired by seed
         plan[panel] = [r for r in runs if not folder.finished(task.run_name(r), task.name, r.row())]
+        asked += [r.row() for r in plan[panel]]
+    if asked:
+        finished = [r["settings"] for r in folder.records() if r["task"] == task.name]
+        rows = pd.DataFrame(finished + asked, dtype=object)
+        settings = [name for name in asked[0] if name != "seed"]
+        require_agreement(rows, task, settings, f"{folder.out} holds runs of other settings: choose another --out")
     return plan
 
 

@@ -51,11 +51,11 @@ class ToySettings(RunSettings):
 
 
 def toy_train(settings, data, run):
-    return {"score": data + settings.lr * settings.steps + 0.01 * settings.seed + (settings.variant == "wc")}
+    return {"score": data + settings.lr * settings.steps + 0.01 * settings.seed + (settings.variant == "wc") * settings.k / 2.5}
 
 
 TOY = Task(name="toy", settings=ToySettings, panel="dataset", panels=("a", "b"), load=lambda s, root: 1.0,
-           train=toy_train, metrics=("score",), presets=lambda panel, variant: {"steps": 5} if variant == "wc" else {})
+           train=toy_train, metrics=("score",), presets=lambda panel, variant: {"k": 3.0} if variant == "wc" else {})
 
 
 def test_options_come_from_the_settings_fields():
@@ -72,9 +72,9 @@ def test_sweep_records_tables_skips_and_refuses_by_name(tmp_path, capsys):
     out = str(tmp_path / "toy")
     tables = run_cli(TOY, ["--dataset", "a", "b", "--variant", "soft", "wc", "--seeds", "0", "1", "--out", out])
     table = tables["results"].set_index(["dataset", "variant"])
-    assert table.loc[("a", "wc"), "score - soft (paired)"] == "+1.20 ± 0.00, 95% CI [+1.20, +1.20]"  # preset steps=5
+    assert table.loc[("a", "wc"), "score - soft (paired)"] == "+1.20 ± 0.00, 95% CI [+1.20, +1.20]"  # preset k=3
     record = json.loads((tmp_path / "toy" / "runs" / "b-wc-seed1" / "record.json").read_text())
-    assert record["settings"]["steps"] == 5 and record["metrics"]["score"] == pytest.approx(2.51)
+    assert record["settings"]["k"] == 3.0 and record["metrics"]["score"] == pytest.approx(2.51)
     assert len(pd.read_csv(tmp_path / "toy" / "results.csv")) == 8
     assert {"table.md", "table-results.csv", "paired.png"} <= {p.name for p in (tmp_path / "toy").iterdir()}
     capsys.readouterr()
@@ -84,6 +84,26 @@ def test_sweep_records_tables_skips_and_refuses_by_name(tmp_path, capsys):
         run_cli(TOY, ["--dataset", "a", "--variant", "wc", "--seeds", "1", "--out", out, "--lr", "0.2"])
     assert exit_info.value.code == 2
     assert "holds a finished run with other settings: lr=0.1 (asked for 0.2)" in capsys.readouterr().err
+
+
+def test_a_sweep_refuses_runs_its_folder_would_pool_or_pair_with_runs_trained_otherwise(tmp_path, capsys):
+    """New seeds or variants go into a folder only if its table stays one experiment: the seeds of
+    a variant alike in every setting, the variants of a panel alike in all but their attention's."""
+    out = str(tmp_path / "toy")
+    run_cli(TOY, ["--dataset", "a", "--variant", "soft", "wc", "--seeds", "0", "1", "--out", out])
+    refusals = ((["--variant", "soft", "wc", "--seeds", "2", "--lr", "0.5"],
+                 "the a/soft runs differ in {'lr': ['0.1', '0.5']}: they are not seeds of one experiment"),
+                (["--variant", "lf", "--seeds", "0", "--steps", "7"],
+                 "the a runs differ in {'steps': ['3', '7']}: variants are paired by seed only if trained alike"))
+    for args, message in refusals:
+        with pytest.raises(SystemExit) as exit_info:
+            run_cli(TOY, ["--dataset", "a", *args, "--out", out])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and message in err and "choose another --out" in err, err
+    assert len(pd.read_csv(tmp_path / "toy" / "results.csv")) == 4  # nothing was trained
+    # a variant of its own attention settings, trained alike, joins the panel
+    run_cli(TOY, ["--dataset", "a", "--variant", "lf", "--seeds", "0", "1", "--k", "3", "--out", out])
+    assert len(pd.read_csv(tmp_path / "toy" / "results.csv")) == 6
 
 
 def test_a_record_that_lacks_a_setting_is_not_taken_as_finished(tmp_path):

@@ -215,3 +215,13 @@ def test_rng_state_round_trips_and_carries_the_cuda_streams_once_cuda_is_in_use(
     assert saved["cuda"] is streams
     set_rng_state(saved)
     assert restored == streams
+
+
+def test_a_checkpoint_resumes_only_under_settings_it_records_alike():
+    """The checkpoint's settings check is the record's: a setting the checkpoint lacks may have had
+    any value (it predates the setting), and True is not 1; 1 and 1.0, NaN and NaN are alike."""
+    from bam_pyro.training import metadata_differences
+
+    assert metadata_differences({"lr": 0.1}, {"lr": 0.1, "cap": None}) == ["cap='absent' (this run: None)"]
+    assert metadata_differences({"flag": True}, {"flag": 1}) == ["flag=True (this run: 1)"]
+    assert metadata_differences({"lr": 1, "x": float("nan")}, {"lr": 1.0, "x": float("nan")}) == []
