@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import subprocess
 import time
 from contextlib import contextmanager
 from importlib import metadata
@@ -46,14 +47,32 @@ def setting_differences(recorded: Mapping[str, Any], asked: Mapping[str, Any]) -
     return differing
 
 
+def source_commit(root: os.PathLike = Path(__file__).resolve().parents[1]) -> Optional[str]:
+    """The git commit of the checkout at ``root`` (this one), ``+changes`` if tracked files differ
+    from it; None outside a git checkout or without git."""
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        changes = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit + ("+changes" if changes else "")
+
+
+#: the code a process runs is the code it imported: its commit is taken then, not when a record is written
+SOURCE_COMMIT = source_commit()
+
+
 def versions() -> dict[str, str]:
-    """The versions a result depends on, recorded with it."""
+    """The versions a result depends on, recorded with it: packages, and the source's commit."""
     found = {}
     for package in ("bam-pyro", "torch", "pyro-ppl", "torch-geometric", "transformers"):
         try:
             found[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             pass
+    if SOURCE_COMMIT is not None:
+        found["bam-pyro commit"] = SOURCE_COMMIT
     return found
 
 

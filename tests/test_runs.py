@@ -263,3 +263,21 @@ def test_a_cli_run_killed_mid_epoch_resumes_to_the_uninterrupted_result(tmp_path
     records = [json.loads((tmp_path / f / "runs" / "rte-wc-seed0" / "record.json").read_text()) for f in ("reference", "killed")]
     assert records[1]["metrics"] == records[0]["metrics"]
     assert records[1]["training"]["history"] == records[0]["training"]["history"]
+
+
+def test_a_record_names_the_commit_of_the_code_that_made_it(tmp_path):
+    from experiments.records import SOURCE_COMMIT, source_commit, versions
+
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    assert source_commit(tmp_path) is None  # not a checkout
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "code.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "code.py"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    assert source_commit(tmp_path) == head
+    (tmp_path / "notes.txt").write_text("untracked files are not the code\n")
+    assert source_commit(tmp_path) == head
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert source_commit(tmp_path) == head + "+changes"
+    assert versions().get("bam-pyro commit") == SOURCE_COMMIT  # this checkout's, taken when the code was imported
