@@ -131,6 +131,9 @@ class EarlyStopping:
         missing = set(self.monitors) - set(metrics)
         if missing:
             raise KeyError(f"evaluation did not return the monitored metrics {sorted(missing)}")
+        undefined = sorted(name for name in self.monitors if math.isnan(metrics[name]))
+        if undefined:  # NaN compares false with everything: kept as the best, it would never be beaten
+            raise ValueError(f"epoch {epoch}: the monitored {', '.join(undefined)} is NaN (the model diverged?)")
         if epoch < self.start_epoch:
             return False
         better = {name: self._improves(name, metrics[name]) for name in self.monitors}

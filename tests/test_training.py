@@ -225,3 +225,12 @@ def test_a_checkpoint_resumes_only_under_settings_it_records_alike():
     assert metadata_differences({"lr": 0.1}, {"lr": 0.1, "cap": None}) == ["cap='absent' (this run: None)"]
     assert metadata_differences({"flag": True}, {"flag": 1}) == ["flag=True (this run: 1)"]
     assert metadata_differences({"lr": 1, "x": float("nan")}, {"lr": 1.0, "x": float("nan")}) == []
+
+
+def test_early_stopping_refuses_a_nan_metric_that_no_later_epoch_could_beat():
+    stopping = EarlyStopping({"val_loss": "min"}, patience=2)
+    model = torch.nn.Linear(1, 1)
+    stopping.update({"val_loss": 1.0}, 0, model)
+    with pytest.raises(ValueError, match="epoch 1: the monitored val_loss is NaN"):
+        stopping.update({"val_loss": float("nan")}, 1, model)
+    assert stopping.best_epoch == 0
