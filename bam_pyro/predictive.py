@@ -15,7 +15,9 @@ deterministic site :data:`PROBS_SITE`, the weights as ``"<site>.weights"``
 Randomness that is not a Pyro site (dropout in MC-dropout mode, the ``nokl`` variant's attention
 noise) would be drawn once per chunk and shared by its draws. In that case the floating-point
 inputs get the sample dimensions (``[draws, 1.., *shape]``, aligned with the vectorizing plate),
-so that every draw has its own noise; integer inputs (indices, edges) stay as they are.
+so that every draw has its own noise; integer inputs (indices, edges) stay as they are. A model
+whose inputs are all integers (token ids and masks) has nothing to carry the draws' dimension, so
+there each draw is a pass of its own (a chunk of one).
 
 Point predictions are not made here: they keep the posterior-mean rule (eval mode, S replaced
 by its mean, i.e. softmax attention). These draws are for uncertainty.
@@ -105,6 +107,8 @@ def predictive_draws(
     if unknown:
         raise ValueError(f"unknown attention sites {sorted(unknown)}; the model has {attention_site_names(bam_model)}")
     expand = has_unsited_noise(bam_model, dropout)
+    if expand and not any(torch.is_tensor(a) and a.is_floating_point() for a in inputs):
+        chunk_size = 1  # see module doc: draws of one pass would share their noise
 
     def program(*args):
         if expand:

@@ -108,3 +108,35 @@ def test_bad_arguments(graph):
         predictive_draws(model, (x, edge_index), 0)
     with pytest.raises(ValueError, match="sum to one"):
         predictive_draws(model, (x, edge_index), 2, probs_fn=lambda logits: logits.exp())
+
+
+def test_a_model_of_integer_inputs_draws_its_noise_per_draw_too():
+    """Token ids and masks cannot carry the draws' dimension: without a floating-point input,
+    each draw of a noise that is not a Pyro site (nokl, MC dropout) must still be its own."""
+    import pyro.distributions as dist
+
+    from bam_pyro import BamModel, MultiHeadBayesianAttention
+
+    class Tokens(torch.nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.embedding = torch.nn.Embedding(10, 8)
+            self.attention = MultiHeadBayesianAttention(8, 2, config, dropout=0.5)
+            self.head = torch.nn.Linear(8, C)
+
+        def forward(self, ids, valid):
+            x = self.embedding(ids)
+            return self.head(self.attention(x, x, x, key_padding_mask=valid)[0].mean(-2))
+
+    class Classifier(BamModel):
+        def likelihood(self, logits, y=None):
+            self.observe("y", dist.Categorical(logits=self.align_to_plate(logits, ndim=2)), y)
+
+    ids = torch.randint(0, 10, (3, 5))
+    valid = torch.ones(3, 5, dtype=torch.bool)
+    for config, dropout in ((BamConfig("nokl", k=1.0), False), (BamConfig("soft"), True)):
+        torch.manual_seed(0)
+        model = Classifier(Tokens(config), ObjectiveConfig())
+        draws = predictive_draws(model, (ids, valid), 6, dropout=dropout, chunk_size=6)
+        assert draws.probs.shape == (6, 3, C)
+        assert draws.probs.std(0).min() > 0, config.variant  # every draw differs from the others
