@@ -85,8 +85,8 @@ class DenseKeys:
         self.key_mask = mask
         #: the entries of the sample site: valid keys of valid queries
         self.mask = mask if query_mask is None else query_mask if mask is None else mask & query_mask
-        if self.mask is not None:
-            batch_shape = self.mask.shape[:-3]
+        if self.mask is not None:  # a mask shared by the batch ([1, 1, 1, keys]) stands for all of it
+            batch_shape = torch.broadcast_shapes(self.mask.shape[:-3], torch.Size(batch_shape))
         self.batch_shape = torch.Size(batch_shape)
         self.event_dim = 3 + len(self.batch_shape)
 
@@ -112,10 +112,8 @@ class DenseKeys:
         return per_key.softmax(dim=-2)
 
     def num_valid(self, entries: Tensor) -> int:
-        map_shape = entries.shape[-3:]
-        if self.mask is None:
-            return self.batch_shape.numel() * map_shape.numel()
-        return int(self.mask.expand(self.batch_shape + map_shape).sum())
+        event = entries.shape[-self.event_dim:]  # the batch as the entries have it, not as the mask
+        return event.numel() if self.mask is None else int(self.mask.expand(event).sum())
 
 
 #: largest spread of values over all edges (per head) for which EdgeKeys.softmax shifts them by one

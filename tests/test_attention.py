@@ -433,3 +433,17 @@ def test_padded_queries_carry_no_kl_and_do_not_count_in_the_site():
     assert torch.all(weights[0, :, :, 3:] == 0)
     with pytest.raises(ValueError, match="query_padding_mask has 4 queries"):
         layer(x, x, x, query_padding_mask=valid[:, :4])
+
+
+def test_a_key_mask_shared_by_the_batch_counts_the_valid_entries_of_every_sequence():
+    """The ``mean`` reduction divides a site's KL, summed over the whole batch, by its valid
+    entries: a mask broadcast over the batch ([1, 1, 1, keys]) must count them for every sequence,
+    as the same mask expanded does, and a batchless mask with ``batch_shape`` likewise."""
+    scores = torch.randn(4, 2, 3, 5)
+    shared = torch.tensor([True, True, True, False, False]).view(1, 1, 1, 5)
+    expanded = DenseKeys(shared.expand(4, 1, 1, 5).clone())
+    assert expanded.num_valid(scores) == 4 * 2 * 3 * 3
+    for axis in (DenseKeys(shared), DenseKeys(shared[0], batch_shape=torch.Size([4]))):
+        assert axis.num_valid(scores) == expanded.num_valid(scores)
+        assert axis.event_dim == 4
+    assert DenseKeys(batch_shape=torch.Size([4])).num_valid(scores) == scores.numel()
