@@ -117,7 +117,7 @@ class DenseKeys:
 
 
 #: largest spread of values over all edges (per head) for which EdgeKeys.softmax shifts them by one
-#: shared maximum: exp of anything in (-80, 0] is a normal float32
+#: shared maximum: exp of anything in (-80, 0] is a normal float32 (and bfloat16; float16 never shifts so)
 SHARED_SHIFT_RANGE = 80.0
 
 
@@ -146,7 +146,8 @@ class EdgeKeys:
             return values.softmax(dim=-2)
         detached = values.detach()
         low, high = torch.aminmax(detached, dim=-2, keepdim=True)
-        if not bool((low > high - SHARED_SHIFT_RANGE).all()):
+        narrow = torch.finfo(values.dtype).tiny > 1e-35  # float16: exp underflows far sooner than at -80
+        if narrow or not bool((low > high - SHARED_SHIFT_RANGE).all()):
             return segment_softmax(values, self.target, num_nodes=self.num_nodes, dim=-2)
         shifted = torch.exp(values - high)
         return shifted / self.key_sum(shifted)

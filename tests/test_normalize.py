@@ -134,3 +134,13 @@ def test_edge_softmax_equals_pyg_segment_softmax(spread):
     (ours_grad,) = torch.autograd.grad(ours, scores, upstream)
     (reference_grad,) = torch.autograd.grad(reference, scores, upstream)
     assert torch.allclose(ours_grad, reference_grad, atol=1e-12)
+
+
+def test_edge_softmax_in_float16_shifts_each_target_by_its_own_maximum():
+    """Two targets whose scores lie 40 apart: one shared shift underflows float16 (0 / 0 = NaN);
+    each target's own maximum gives float32's answer."""
+    axis = EdgeKeys(torch.tensor([[0, 1, 2, 3], [0, 0, 1, 1]]), num_nodes=2)
+    scores = torch.tensor([[1.0], [0.0], [-40.0], [-39.0]])
+    got = axis.softmax(scores.half())
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got.float(), axis.softmax(scores), atol=1e-3, rtol=0)
