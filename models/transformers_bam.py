@@ -54,11 +54,13 @@ BAM_ATTRIBUTE = "bam_attention"
 class SequenceKeys(DenseKeys):
     """Attention entries ``[B, H, Lq, Lk]`` of a batch of sequences, as transformers lays them out.
 
-    ``mask``: transformers' boolean mask ``[B, 1, Lq, Lk]`` (True = attend) or None. A mask whose
-    rows are all equal over square attention is key padding (bidirectional self-attention): the
-    weights then normalize over the valid keys (``key_mask`` ``[B, 1, 1, Lk]``), the site mask (KL,
-    entry count) also drops the rows of padded queries, and per-key values (the prior's Psi) stay
-    ``[B, H, 1, Lk]`` instead of growing to full maps. Any other mask (causal, custom) is used as is.
+    ``mask``: transformers' boolean mask ``[B, 1, Lq, Lk]`` (True = attend) or None. A square mask
+    whose rows are all equal is key padding: the weights then normalize over the valid keys
+    (``key_mask`` ``[B, 1, 1, Lk]``) and per-key values (the prior's Psi) stay ``[B, H, 1, Lk]``
+    instead of growing to full maps. In self-attention (``queries_are_keys``: queries and keys
+    are the same positions) the site mask (KL, entry count) also drops the rows of padded queries;
+    in cross-attention the queries are other positions (a decoder's), which the keys' padding
+    says nothing of. Any other mask (causal, custom) is used as is.
 
     The batch is part of one site's event (``event_dim = 4``): transformers' modules cannot run
     inside a data plate with extra sample dimensions, and the KL of a batch is the sum over its
@@ -67,7 +69,7 @@ class SequenceKeys(DenseKeys):
 
     event_dim = 4
 
-    def __init__(self, mask: Optional[Tensor], batch_size: int) -> None:
+    def __init__(self, mask: Optional[Tensor], batch_size: int, queries_are_keys: bool = True) -> None:
         if mask is not None and mask.dtype != torch.bool:
             raise TypeError(
                 f"Bayesian attention expects a boolean attention mask (True = attend), got {mask.dtype}; "
@@ -76,8 +78,10 @@ class SequenceKeys(DenseKeys):
         query_mask = None
         if mask is not None and mask.shape[-1] == mask.shape[-2]:
             first_row = mask[..., :1, :]
-            if bool((mask == first_row).all()):  # key padding: the padded positions are queries too
-                mask, query_mask = first_row, first_row.transpose(-1, -2)
+            if bool((mask == first_row).all()):  # key padding
+                mask = first_row
+                if queries_are_keys:  # the padded positions are queries too
+                    query_mask = first_row.transpose(-1, -2)
         super().__init__(mask, batch_shape=torch.Size([batch_size]), query_mask=query_mask)
 
 
@@ -126,7 +130,9 @@ def bam_attention_forward(
         scores = softcap * torch.tanh(scores / softcap)
     if position_bias is not None:
         scores = scores + position_bias
-    keys, axis = key.transpose(1, 2), SequenceKeys(attention_mask, query.size(0))
+    # cross-attention modules are decoder modules; a decoder's self-attention is causal, never key padding
+    axis = SequenceKeys(attention_mask, query.size(0), queries_are_keys=not getattr(module, "is_decoder", False))
+    keys = key.transpose(1, 2)
     replay = active_replay() if bam.config.stochastic else None
     if replay is None:
         weights = bam(scores, keys, axis)
@@ -204,6 +210,13 @@ def to_bam(model: PreTrainedModel, config: BamConfig) -> PreTrainedModel:
     check the integration; for soft finetuning leave the model unconverted. ``save_pretrained``
     then saves the prior networks and ``config``; :func:`from_pretrained` loads the model back.
     """
+    if getattr(model.config, "bam", None) is not None:
+        converted = any(isinstance(m, BayesianAttention) for m in model.modules())
+        raise ValueError(
+            "the model already has Bayesian attention: convert a model once" if converted else
+            "the model's config records Bayesian attention but the model has none (loaded with transformers' "
+            "from_pretrained, which drops its trained priors): load it with models.transformers_bam.from_pretrained"
+        )
     register_bam_attention()
     attach_bayesian_attention(model, config)
     model.set_attn_implementation(ATTN_IMPLEMENTATION)

@@ -4,6 +4,7 @@ soft-capped scores, encoder-decoders whose two sides have their own head counts 
 import copy
 
 import pyro.distributions as dist
+from pyro import poutine
 import pytest
 import torch
 from pyro.infer import TraceMeanField_ELBO
@@ -86,6 +87,30 @@ def test_cross_attention_has_a_prior_of_its_own_size_and_trains(make):
     assert len(sites) == 6 and sum("EncDecAttention" in n or "encoder_attn" in n for n in sites) == 2
     priors = {n: p for n, p in bam.named_parameters() if ".prior_net." in n}
     assert len(priors) == 18 and all(p.grad is not None and p.grad.abs().sum() > 0 for p in priors.values())
+
+
+@pytest.mark.parametrize("make", [tiny_t5, tiny_bart], ids=["t5", "bart"])
+def test_cross_attention_keeps_every_decoder_query_whatever_the_encoders_padding(make):
+    """Decoder and encoder of equal length: the encoder's padding masks cross-attention's keys, not
+    its queries (decoder positions), which all count in the KL; the encoder's self-attention drops
+    its padded queries."""
+    bam_model = NextTokens(Seq2SeqNetwork(to_bam(make(), WC)), ObjectiveConfig())
+    bam_model.train()
+    ids, mask, _ = batch()
+    decoder_ids = torch.randint(3, 60, ids.shape)  # as long as the source
+    trace = poutine.trace(bam_model.model).get_trace(ids, mask, decoder_ids)
+    checked = {"cross": 0, "encoder": 0}
+    for name, site in trace.nodes.items():
+        if SITE_INFO not in (site.get("infer") or {}):
+            continue
+        valid_queries = site["fn"].mask.expand(3, 1, 7, 7).any(-1)[1, 0]  # sequence 1: 4 real source tokens
+        if "EncDecAttention" in name or "encoder_attn" in name:
+            assert valid_queries.all(), name
+            checked["cross"] += 1
+        elif ".encoder." in name:
+            assert valid_queries.tolist() == [True] * 4 + [False] * 3, name
+            checked["encoder"] += 1
+    assert checked == {"cross": 2, "encoder": 2}
 
 
 def test_each_side_of_bart_sizes_its_priors_by_its_own_heads():

@@ -79,6 +79,10 @@ def test_a_bam_model_loaded_by_plain_transformers_is_refused(saved_bam):
     plain = AutoModelForSequenceClassification.from_pretrained(folder)
     with pytest.raises(ValueError, match="models.transformers_bam.from_pretrained"):
         build_sequence_model(plain, 2, WC, ObjectiveConfig())
+    with pytest.raises(ValueError, match="drops its trained priors"):  # new random priors would replace them
+        to_bam(plain, WC)
+    with pytest.raises(ValueError, match="already has Bayesian attention"):
+        to_bam(from_pretrained(folder), WC)
 
 
 def test_an_unconverted_model_is_refused(tiny_bert_folder):
