@@ -156,7 +156,8 @@ class BayesianTransformerConv(EdgeAttentionConv):
         edge_attr: Optional[Tensor] = None,
         return_attention_weights: Optional[bool] = None,
     ):
-        return self.attend(x, edge_index, edge_attr, None, return_attention_weights)
+        # as TransformerConv: any bool, False too, asks for the weights (GATConv's asks only with True)
+        return self.attend(x, edge_index, edge_attr, None, isinstance(return_attention_weights, bool))
 
     def project(self, x: NodeInput) -> NodeFeatures:
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x

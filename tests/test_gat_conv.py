@@ -311,6 +311,18 @@ def test_soft_attention_is_gatv2conv_and_transformerconv(classes, options, form)
     assert_same_as_pyg(args, kwargs, in_channels, options, WC, pyg_class=pyg_class, our_class=our_class)  # posterior mean
 
 
+@pytest.mark.parametrize("flag", [None, False, True])
+@pytest.mark.parametrize("classes", [(GATv2Conv, BayesianGATv2Conv), (TransformerConv, BayesianTransformerConv)],
+                         ids=["GATv2Conv", "TransformerConv"])
+def test_return_attention_weights_returns_what_pyg_returns_for_each_flag(classes, flag):
+    """TransformerConv returns the weights for any bool, False too; GATv2Conv only for True."""
+    pyg_class, our_class = classes
+    _, (x, edge_index), _ = graph_inputs("plain")
+    theirs = pyg_class(6, 4, heads=2)(x, edge_index, return_attention_weights=flag)
+    ours = our_class(6, 4, heads=2)(x, edge_index, return_attention_weights=flag)
+    assert isinstance(ours, tuple) == isinstance(theirs, tuple)
+
+
 @pytest.mark.parametrize("our_class", [BayesianGATv2Conv, BayesianTransformerConv])
 def test_gatv2_and_transformer_are_attention_sites(our_class):
     """Stochastic attention on the shared core: one site per layer, its KL read by the ELBO."""
