@@ -52,7 +52,9 @@ class BayesianAttention(nn.Module):
     def forward(self, scores: Tensor, keys: Optional[Tensor], axis: AttentionAxis) -> Tensor:
         """``scores``: entries laid out as ``axis`` expects; ``keys``: ``[..., keys, heads, key_dim]``
         (only read by the contextual prior). Returns normalized weights shaped like ``scores``."""
-        if not self.config.stochastic:
+        if not self.config.stochastic or self._predicts_mean():
+            # E_q[S] = exp(Phi) normalizes to softmax(scores): the posterior-mean point prediction,
+            # taken from the scores directly (no rounding through Phi, and no Phi to compute)
             return axis.softmax(scores)
         if scores.dtype == torch.float16:
             # float16 holds neither Phi's floor (1e-20) nor the KL's terms at the presets' extremes: the
@@ -71,11 +73,13 @@ class BayesianAttention(nn.Module):
             weights = normalize(axis, s)
             sites.record(name, weights, axis.event_dim)
             return weights
+        s = variational_distribution(phi, config).rsample()  # sampling outside a model's sites
+        return normalize(axis, s)
+
+    def _predicts_mean(self) -> bool:
+        """No Pyro sites to serve and no draw asked for (eval mode, or ``attention_sampling(False)``)."""
         requested = sampling_requested()
-        if sites is not None or (self.training if requested is None else requested):
-            s = variational_distribution(phi, config).rsample()
-            return normalize(axis, s)
-        return axis.softmax(phi)  # E_q[S] = exp(Phi): the posterior-mean point prediction
+        return active_sites() is None and not (self.training if requested is None else requested)
 
     def prior(self, phi: Tensor, keys: Optional[Tensor], axis: AttentionAxis):
         """p(S | keys), element-wise over the entries of ``phi``."""

@@ -447,3 +447,13 @@ def test_a_key_mask_shared_by_the_batch_counts_the_valid_entries_of_every_sequen
         assert axis.num_valid(scores) == expanded.num_valid(scores)
         assert axis.event_dim == 4
     assert DenseKeys(batch_shape=torch.Size([4])).num_valid(scores) == scores.numel()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_posterior_mean_prediction_is_softmax_attention_bit_for_bit(dtype):
+    """In eval mode the weights are the scores' softmax itself, not a softmax of Phi = log(softmax)
+    (which rounds twice: one bfloat16 ulp off eager attention)."""
+    scores, keys, mask = dense_inputs()
+    axis = DenseKeys(mask)
+    layer = BayesianAttention(BamConfig("wc", k=5.0, d_mid=5), num_heads=3, key_dim=5).to(dtype).eval()
+    assert torch.equal(layer(scores.to(dtype), keys.to(dtype), axis), axis.softmax(scores.to(dtype)))
