@@ -144,10 +144,10 @@ class EdgeKeys:
         # (no exp under- or overflows); otherwise fall back to PyG's per-target shift.
         if values.numel() == 0:  # no edges (or no heads): nothing to normalize
             return values.softmax(dim=-2)
-        detached = values.detach()
-        low, high = torch.aminmax(detached, dim=-2, keepdim=True)
-        narrow = torch.finfo(values.dtype).tiny > 1e-35  # float16: exp underflows far sooner than at -80
-        if narrow or not bool((low > high - SHARED_SHIFT_RANGE).all()):
+        if torch.finfo(values.dtype).tiny > 1e-35:  # float16: exp underflows far sooner than at -80
+            return segment_softmax(values, self.target, num_nodes=self.num_nodes, dim=-2)
+        low, high = torch.aminmax(values.detach(), dim=-2, keepdim=True)
+        if not bool((low > high - SHARED_SHIFT_RANGE).all()):
             return segment_softmax(values, self.target, num_nodes=self.num_nodes, dim=-2)
         shifted = torch.exp(values - high)
         return shifted / self.key_sum(shifted)

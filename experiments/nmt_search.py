@@ -40,7 +40,7 @@ from bam_pyro import BamModel
 from experiments.multi30k import BOS, EOS, EncodedSplit, Multi30k
 from experiments.nmt import TASK
 from experiments.runner import load_trained
-from models.decoding import beam_hypotheses, length_penalty_factor
+from models.decoding import beam_hypotheses, length_limits, length_penalty_factor
 
 SENTENCES = 500
 BATCH_SIZE = 50
@@ -62,13 +62,15 @@ def sentence_scores(model: BamModel, data: Multi30k, split: EncodedSplit, beam_s
         reference_log_probs = log_probs.masked_fill(~batch.tgt_mask, 0.0).sum(-1).tolist()
         reference_pieces = batch.tgt_mask.sum(-1).tolist()
         found = beam_hypotheses(model, batch.src, batch.src_mask, BOS, EOS, beam_size, length_penalty)
-        for index, log_prob, pieces, hypotheses in zip(indices, reference_log_probs, reference_pieces, found):
+        limits = length_limits(batch.src_mask)
+        for index, log_prob, pieces, hypotheses, limit in zip(indices, reference_log_probs, reference_pieces, found, limits):
             best = hypotheses[0]
+            output_pieces = len(best.tokens) + (len(best.tokens) < limit)  # EOS, unless cut at the limit
             penalty = float(length_penalty_factor(torch.tensor(float(pieces)), length_penalty))
             rows[index] = {
                 "sentence": int(index),
                 "reference_log_prob": log_prob, "reference_pieces": pieces, "reference_score": log_prob / penalty,
-                "output_log_prob": best.log_prob, "output_pieces": len(best.tokens) + 1, "output_score": best.score,
+                "output_log_prob": best.log_prob, "output_pieces": output_pieces, "output_score": best.score,
                 "exact": best.tokens == split.targets[index].tolist(),
                 "output": data.decode(best.tokens), "reference": split.references[index],
             }

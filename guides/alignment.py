@@ -145,7 +145,8 @@ class JensenWarmStart(GuideMessenger):
     def warming(self) -> bool:
         if int(self.alignment_model.step) >= self.warm_steps:  # over for good: the step no longer matters
             return False
-        return self.alignment_model.read_step("va-relaxed's Jensen warm start") < self.warm_steps
+        self.alignment_model.read_step("va-relaxed's Jensen warm start")  # counted: a step that never moves warns
+        return True
 
     def get_posterior(self, name: str, prior: dist.TorchDistribution) -> dist.TorchDistribution:
         if name != ALIGNMENT or self.warming:

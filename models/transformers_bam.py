@@ -203,6 +203,15 @@ def attach_bayesian_attention(model: PreTrainedModel, config: BamConfig) -> None
     model.config.bam = dataclasses.asdict(config)
 
 
+def _lost_priors() -> ValueError:
+    """The error for a saved BAM model loaded by transformers' own from_pretrained: its config says
+    BAM, its trained priors are gone."""
+    return ValueError(
+        "the model's config records Bayesian attention but the model has none (loaded with transformers' "
+        "from_pretrained, which drops its trained priors): load it with models.transformers_bam.from_pretrained"
+    )
+
+
 def to_bam(model: PreTrainedModel, config: BamConfig) -> PreTrainedModel:
     """Turn every attention module of ``model`` into Bayesian attention, in place, and return it.
 
@@ -211,12 +220,9 @@ def to_bam(model: PreTrainedModel, config: BamConfig) -> PreTrainedModel:
     then saves the prior networks and ``config``; :func:`from_pretrained` loads the model back.
     """
     if getattr(model.config, "bam", None) is not None:
-        converted = any(isinstance(m, BayesianAttention) for m in model.modules())
-        raise ValueError(
-            "the model already has Bayesian attention: convert a model once" if converted else
-            "the model's config records Bayesian attention but the model has none (loaded with transformers' "
-            "from_pretrained, which drops its trained priors): load it with models.transformers_bam.from_pretrained"
-        )
+        if any(isinstance(m, BayesianAttention) for m in model.modules()):
+            raise ValueError("the model already has Bayesian attention: convert a model once")
+        raise _lost_priors()
     register_bam_attention()
     attach_bayesian_attention(model, config)
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
@@ -371,10 +377,7 @@ def build_sequence_model(
         if converted != {config}:
             raise ValueError(f"the model's Bayesian attention is {' and '.join(sorted(map(str, converted)))}, not the requested {config}")
     elif getattr(model.config, "bam", None) is not None:
-        raise ValueError(
-            "the model's config records Bayesian attention but the model has none (loaded with transformers' "
-            "from_pretrained, which drops it): load it with models.transformers_bam.from_pretrained"
-        )
+        raise _lost_priors()
     elif config.variant != "soft":
         to_bam(model, config)
     network = SequenceNetwork(model)
