@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import xarray as xr  # noqa: E402
 
-from .metrics import Reliability  # noqa: E402
+from bam_pyro.metrics import Reliability  # noqa: E402
 
 
 def save_figure(fig, path: Path) -> Path:

@@ -2,7 +2,7 @@
 
 from . import kl  # noqa: F401  (registers the closed-form KL divergences)
 from .attention import BayesianAttention
-from .axes import AttentionAxis, DenseKeys, EdgeKeys
+from .axes import AttentionAxis, DenseKeys
 from .config import VARIANTS, BamConfig, ObjectiveConfig
 from .dense import MultiHeadBayesianAttention
 from .guide import AttentionGuide
@@ -20,7 +20,6 @@ __all__ = [
     "BayesianAttention",
     "ContextualPrior",
     "DenseKeys",
-    "EdgeKeys",
     "MultiHeadBayesianAttention",
     "ObjectiveConfig",
     "attention_sampling",

@@ -6,22 +6,20 @@ against this interface:
 
 - :class:`DenseKeys`: entries ``[..., heads, queries, keys]`` with an optional boolean mask of
   valid keys (padding), broadcastable to the entries.
-- :class:`EdgeKeys`: entries ``[..., edges, heads]`` over a PyG ``edge_index`` (row 0 = source
-  = key, row 1 = target = query); normalization runs over each target's incoming edges, so memory
-  is linear in the number of edges.
+- :class:`bam_pyro.pyg.EdgeKeys`: entries ``[..., edges, heads]`` over a PyG ``edge_index``
+  (row 0 = source = key, row 1 = target = query); normalization runs over each target's incoming
+  edges, so memory is linear in the number of edges. It lives with the PyG integration, which
+  needs ``torch_geometric``.
 
 Any leading dimensions (posterior samples, particles, batches) broadcast through both.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Protocol
 
 import torch
 from torch import Tensor
-from torch_geometric.utils import scatter
-from torch_geometric.utils import softmax as segment_softmax
 
 class AttentionAxis(Protocol):
     #: number of trailing dimensions that make up one attention map (the Pyro event dims)
@@ -114,57 +112,3 @@ class DenseKeys:
     def num_valid(self, entries: Tensor) -> int:
         event = entries.shape[-self.event_dim:]  # the batch as the entries have it, not as the mask
         return event.numel() if self.mask is None else int(self.mask.expand(event).sum())
-
-
-#: largest spread of values over all edges (per head) for which EdgeKeys.softmax shifts them by one
-#: shared maximum: exp of anything in (-80, 0] is a normal float32 (and bfloat16; float16 never shifts so)
-SHARED_SHIFT_RANGE = 80.0
-
-
-class EdgeKeys:
-    """Keys are the sources of each target's incoming edges in a PyG ``edge_index``.
-
-    ``num_nodes`` is the number of targets (queries); the sources may be other nodes (a bipartite
-    graph), per-key values then have one row per source. A graph without edges is allowed."""
-
-    event_dim = 2
-    mask = None
-    recompute = False  # entries grow with the edges only
-
-    def __init__(self, edge_index: Tensor, num_nodes: int) -> None:
-        if edge_index.dim() != 2 or edge_index.size(0) != 2:
-            raise ValueError(f"edge_index must have shape [2, num_edges], got {tuple(edge_index.shape)}")
-        self.source, self.target = edge_index[0], edge_index[1]
-        self.num_nodes = num_nodes
-
-    def softmax(self, values: Tensor) -> Tensor:
-        # Any shift by a constant per target gives the same softmax; the usual one, each target's
-        # maximum, needs torch's scatter amax, the slowest scatter on CPU. One maximum per head
-        # over all edges is as exact whenever no value lies more than SHARED_SHIFT_RANGE below it
-        # (no exp under- or overflows); otherwise fall back to PyG's per-target shift.
-        if values.numel() == 0:  # no edges (or no heads): nothing to normalize
-            return values.softmax(dim=-2)
-        if torch.finfo(values.dtype).tiny > 1e-35:  # float16: exp underflows far sooner than at -80
-            return segment_softmax(values, self.target, num_nodes=self.num_nodes, dim=-2)
-        low, high = torch.aminmax(values.detach(), dim=-2, keepdim=True)
-        if not bool((low > high - SHARED_SHIFT_RANGE).all()):
-            return segment_softmax(values, self.target, num_nodes=self.num_nodes, dim=-2)
-        shifted = torch.exp(values - high)
-        return shifted / self.key_sum(shifted)
-
-    def key_sum(self, values: Tensor) -> Tensor:
-        sums = scatter(values, self.target, dim=-2, dim_size=self.num_nodes, reduce="sum")
-        return sums.index_select(-2, self.target)
-
-    def zero_masked_keys(self, values: Tensor) -> Tensor:
-        return values  # every edge is a valid key
-
-    def spread(self, per_key: Tensor) -> Tensor:
-        return per_key.index_select(-2, self.source)
-
-    def softmax_all_keys(self, per_key: Tensor) -> Tensor:
-        return per_key.softmax(dim=-2)  # over all nodes of the graph
-
-    def num_valid(self, entries: Tensor) -> int:
-        # math.prod: under Pyro's provenance tracking (pyro.render_model) .shape is a plain tuple
-        return math.prod(entries.shape[-2:])

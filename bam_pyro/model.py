@@ -34,7 +34,7 @@ in it, or ``SVI`` finds nothing to train.
 
 ``step`` is advanced by the training loop (``SVITrainer`` does it; Pyro's ``SVI`` cannot know it).
 A loop that forgets it would train another objective without an error: ``lambda_t`` frozen at its
-first value, or va-relaxed's Jensen warm start (:class:`guides.alignment.JensenWarmStart`) never
+first value, or va-relaxed's Jensen warm start (:class:`bam_pyro.alignment.JensenWarmStart`) never
 ending. Every schedule that reads ``step`` reports its reads (:meth:`BamModel.read_step`), and once
 :data:`STALLED_STEP_READS` training reads have gone by at one step the model warns
 (:class:`StalledStepWarning`), naming the schedule; a model pass reads ``lambda_t`` once, a guide

@@ -26,7 +26,8 @@ from bam_pyro.training import EarlyStopping, seed_everything
 from experiments.graph_uncertainty import attention_diagnostics, draw_figures, score_modes, uncertainty_table
 from experiments.planetoid import NAMES, load_planetoid
 from experiments.runner import RunContext, RunSettings, Task, paired_table, positive, require, run_cli
-from models.gat import NodeClassifier, build_node_classifier, validate_graph
+from bam_pyro.pyg import NodeClassifier, validate_graph
+from models.gat import build_node_classifier
 
 #: Test accuracy of the paper's Table 1 (mean of 5 runs).
 PAPER_ACCURACY = {

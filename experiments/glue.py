@@ -28,13 +28,13 @@ import pandas as pd
 import torch
 from transformers import get_linear_schedule_with_warmup
 
-from analysis.metrics import uncertainty_report
+from bam_pyro.metrics import uncertainty_report
 from analysis.tables import paired_difference, summarize
 from bam_pyro import AttentionGuide, BamModel, BayesianAttention, attention_sampling
 from bam_pyro.training import seed_everything
 from experiments.glue_data import TASKS, Encoded, GlueData, batches, load_glue, task_metrics
 from experiments.runner import RunContext, RunSettings, Task, positive, require, run_cli
-from models.transformers_bam import DEFAULT_MODEL, build_sequence_model, resolve_pretrained
+from bam_pyro.transformers import DEFAULT_MODEL, build_sequence_model, resolve_pretrained
 
 #: Weibull shape k per task (paper, Table 9); tasks the paper does not list use 100.
 PAPER_K = {"cola": 10.0, "stsb": 20.0, "sst2": 1000.0, "rte": 1000.0, "mrpc": 100.0}

@@ -20,15 +20,15 @@ import torch
 from torch_geometric.utils import add_self_loops, degree, remove_self_loops
 
 from analysis.curves import training_curves
-from analysis.diagnostics import attention_inference_data, attention_summary, gather, neighbourhoods
-from analysis.metrics import PAVPU_THRESHOLDS, reliability, uncertainty_report
+from bam_pyro.diagnostics import attention_inference_data, attention_summary, gather, neighbourhoods
+from bam_pyro.metrics import PAVPU_THRESHOLDS, reliability, uncertainty_report
 from analysis.plots import neighbourhood_forest, prior_posterior, reliability_diagram, variant_comparison
 from analysis.tables import format_mean_std
 from bam_pyro import BayesianAttention
 from bam_pyro.predictive import attention_site_names, predictive_draws
 from bam_pyro.training import seed_everything
 from experiments.records import RunFolder
-from models.gat import NodeClassifier
+from bam_pyro.pyg import NodeClassifier
 
 MODE_NOTE = {
     "mc_dropout": "MC dropout (soft attention is deterministic)",

@@ -27,7 +27,7 @@ posterior mean, spread and prior, and the ArviZ summary (ESS, R-hat, HDI).
 
 ``va-relaxed`` follows Deng et al.'s Algorithm 2: its first ``jensen_epochs`` epochs (by default a
 third of ``max_epochs``; the paper gives no number) fit the Jensen bound with q = p, and only then
-does the inference network come in (:class:`guides.alignment.JensenWarmStart`). The warm start is
+does the inference network come in (:class:`bam_pyro.alignment.JensenWarmStart`). The warm start is
 an initialization: early stopping keeps and counts only the epochs after it.
 
 BAM presets: WC is the paper's (appendix B.4: k=5, beta=1e-6, rho=1, d_mid=5). The paper gives
@@ -56,9 +56,10 @@ from bam_pyro.training import EarlyStopping, seed_everything
 from experiments.multi30k import BOS, EOS, HUB_DATASET, BpeSettings, EncodedSplit, Multi30k, load_multi30k
 from experiments.runner import RunContext, RunSettings, Task, positive, require, run_cli
 from models.decoding import beam_search
-from guides.alignment import InferenceNetwork, guide_for
-from models.latent_alignment import VARIANTS as ALIGNMENT_VARIANTS
-from models.latent_alignment import AlignmentConfig, LatentAlignmentModel, elbo_for
+from guides.alignment import InferenceNetwork
+from bam_pyro.alignment import guide_for
+from bam_pyro.alignment import ALIGNMENT_VARIANTS
+from bam_pyro.alignment import AlignmentConfig, LatentAlignmentModel, elbo_for
 from models.nmt import PRESETS, Seq2Seq, build_translator
 
 
@@ -162,7 +163,7 @@ class NmtSettings(RunSettings):
 
     @property
     def warm_epochs(self) -> int:
-        """Epochs of va-relaxed's Jensen warm start (``guides.alignment.JensenWarmStart``); 0 otherwise."""
+        """Epochs of va-relaxed's Jensen warm start (:class:`bam_pyro.alignment.JensenWarmStart`); 0 otherwise."""
         if self.variant != "va-relaxed":
             return 0
         return self.max_epochs // 3 if self.jensen_epochs is None else self.jensen_epochs

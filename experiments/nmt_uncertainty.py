@@ -7,7 +7,7 @@ Draws come from ``pyro.infer.Predictive`` over the model and its guide, vectoriz
   one pass through that call and the output layer; the prior beside it is the contextual prior's
   mean. Each draw is teacher forced on the reference translation: the attention posterior given the
   source and the target prefix of every step.
-- Latent alignments (:func:`alignment_draws`, :mod:`models.latent_alignment`): for variational
+- Latent alignments (:func:`alignment_draws`, :mod:`bam_pyro.alignment`): for variational
   attention (``va-*``) from q(z | x, y), the inference network reading the whole reference; for the
   models without one (``exact``, ``hard``, ``hard-enum``) from the model's own exact posterior
   p(z_j | x, y_<=j), proportional to p(z_j | x, y_<j) p(y_j | x, y_<j, z_j)
@@ -23,7 +23,7 @@ Written into ``folder`` (where the other tasks write theirs):
   attention, step by step): how the data move each step's attention away from its prior (the
   paper's Figure 1, for translation);
 - ``diagnostics/attention.nc``: the draws of every valid entry of the chosen sentences as ArviZ
-  data, over independent chains of draws (:mod:`analysis.diagnostics`), and
+  data, over independent chains of draws (:mod:`bam_pyro.diagnostics`), and
   ``diagnostics/attention-summary.csv``, their ``az.summary`` (mean, sd, HDI, ESS, R-hat).
 
 A training run writes them for the first validation sentences. For sentences of your choosing, of
@@ -45,15 +45,14 @@ import torch
 
 from pyro.infer import Predictive
 
-from analysis.diagnostics import attention_inference_data, attention_summary
+from bam_pyro.diagnostics import attention_inference_data, attention_summary
 from analysis.plots import plt, save_figure
 from bam_pyro import BamModel
 from bam_pyro.predictive import predictive_draws
 from experiments.multi30k import (BOS, EOS, EncodedSplit, Multi30k, ParallelBatch, SentencePairs, check_pairs,
                                   encode_split, make_batch)
 from models.decoding import beam_search
-from guides.alignment import guide_for
-from models.latent_alignment import ALIGNMENT, LatentAlignmentModel, masked_scores
+from bam_pyro.alignment import ALIGNMENT, LatentAlignmentModel, guide_for, masked_scores
 
 #: validation sentences whose attention is drawn (the first ones of the file)
 SENTENCES = (0, 1, 2)

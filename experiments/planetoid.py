@@ -12,7 +12,7 @@ from torch_geometric.datasets import Planetoid
 from torch_geometric.transforms import NormalizeFeatures
 
 from experiments.data_root import default_cache, require_files, resolve_data_root
-from models.gat import validate_graph
+from bam_pyro.pyg import validate_graph
 
 NAMES = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
 RAW_PARTS = ["x", "tx", "allx", "y", "ty", "ally", "graph", "test.index"]

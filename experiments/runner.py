@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
 import time
 import typing
 from dataclasses import dataclass, field

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.metrics import PAVPU_THRESHOLDS
+from bam_pyro.metrics import PAVPU_THRESHOLDS
 from analysis.tables import format_mean_std, mean_std, paired_difference
 from analysis.vqa_figures import sweep_long
 from experiments.easy_vqa import ANSWER_TYPES, type_key

@@ -17,7 +17,7 @@ so they score a fixed random subset of the test questions (``uncertainty_questio
 every run); accuracy of the posterior mean is always over the whole test set.
 
 A run's metrics of condition c (``clean``, ``noisy``) and mode m are ``c.m.<metric>`` (those of
-:func:`analysis.metrics.uncertainty_report`), and per answer type ``c.m.<type>.<metric>``.
+:func:`bam_pyro.metrics.uncertainty_report`), and per answer type ``c.m.<type>.<metric>``.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import numpy as np
 import pyro
 import torch
 
-from analysis.diagnostics import attention_inference_data, attention_summary
-from analysis.metrics import PAVPU_THRESHOLDS, top_two_pvalues, uncertainty_report
+from bam_pyro.diagnostics import attention_inference_data, attention_summary
+from bam_pyro.metrics import PAVPU_THRESHOLDS, top_two_pvalues, uncertainty_report
 from analysis.vqa_figures import QuestionView, attention_picture
 from bam_pyro import BamConfig
 from bam_pyro.predictive import predictive_draws

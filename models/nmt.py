@@ -41,16 +41,16 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro import poutine
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from bam_pyro import BamConfig, BamModel, BayesianAttention, DenseKeys, ObjectiveConfig
+from bam_pyro.alignment import target_plates
 
 #: range of the uniform initialization of the network's weights (OpenNMT's default, as Deng et al.)
 INIT_RANGE = 0.1
@@ -259,18 +259,6 @@ class Seq2Seq(nn.Module):
         outputs = self.decoder_states(memory, tgt_in)
         weights = self.attention_weights(outputs.scores, memory, tgt_mask)
         return self.generate(outputs.states, self.context(weights, memory))
-
-
-@contextlib.contextmanager
-def target_plates(tgt_mask: Tensor, reduction: str) -> Iterator[None]:
-    """Plates ``sentences`` (dim -2) x ``positions`` (dim -1) over the target tokens, padding masked
-    out and, under the ``mean`` reduction, each token weighted 1 / (number of tokens). Every model
-    of the translation task (soft/BAM and the latent alignments) scores its tokens inside these."""
-    scale = 1.0 / max(int(tgt_mask.sum()), 1) if reduction == "mean" else 1.0
-    batch, length = tgt_mask.shape
-    with pyro.plate("sentences", batch, dim=-2), pyro.plate("positions", length, dim=-1), \
-            poutine.mask(mask=tgt_mask), poutine.scale(scale=scale):
-        yield
 
 
 class Translator(BamModel):

@@ -35,7 +35,7 @@ def tiny_bert_folder(tmp_path_factory) -> Path:
     """A folder holding a tiny randomly initialized BERT classifier beside the MiniLM tokenizer."""
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from models.transformers_bam import DEFAULT_MODEL, resolve_pretrained
+    from bam_pyro.transformers import DEFAULT_MODEL, resolve_pretrained
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_pretrained(DEFAULT_MODEL))
     config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,

@@ -14,7 +14,6 @@ from bam_pyro import (
     BamModel,
     BayesianAttention,
     DenseKeys,
-    EdgeKeys,
     MultiHeadBayesianAttention,
     ObjectiveConfig,
     attention_sampling,
@@ -24,15 +23,15 @@ from bam_pyro import (
 from bam_pyro.normalize import log_normalized
 from experiments.gat import PRESETS, TASK
 from bam_pyro import AttentionGuide
-from models.gat import (
-    BayesianGATConv,
+from bam_pyro.pyg import BayesianGATConv, EdgeKeys
+from bam_pyro.pyg.gat_conv import (
     SparseEntriesCache,
     _dropped_copies_projection,
-    build_node_classifier,
     input_dropout,
     per_head_dropout_projection,
     sparse_entries,
 )
+from models.gat import build_node_classifier
 
 from .conftest import random_graph
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.diagnostics import attention_inference_data, attention_summary, gather, neighbourhoods
+from bam_pyro.diagnostics import attention_inference_data, attention_summary, gather, neighbourhoods
 
 # edges (source -> target): node 0 has 3 incoming edges, node 1 has 1 (its self-loop), node 2 has 2
 EDGE_INDEX = np.array([[0, 1, 2, 1, 0, 2], [0, 0, 0, 1, 2, 2]])
@@ -85,7 +85,7 @@ def test_inconsistent_chains_are_refused():
 
 
 def test_plots_write_png(tmp_path):
-    from analysis.metrics import reliability
+    from bam_pyro.metrics import reliability
     from analysis.plots import neighbourhood_forest, prior_posterior, reliability_diagram
 
     chains, hoods = random_chains(chains=2, draws=20)

@@ -3,15 +3,16 @@
 import pytest
 import torch
 
-from bam_pyro import BamConfig, DenseKeys, EdgeKeys, MultiHeadBayesianAttention, ObjectiveConfig
+from bam_pyro import BamConfig, DenseKeys, MultiHeadBayesianAttention, ObjectiveConfig
+from bam_pyro.pyg import EdgeKeys
 from experiments.data_root import require_files
 from experiments.bench import main as bench_main
 from experiments.gat import TASK as GAT
 from experiments.gat import main as gat_main
 from experiments.glue import TASK as GLUE
 from experiments.planetoid import load_planetoid
-from models.gat import validate_graph
-from models.transformers_bam import resolve_pretrained
+from bam_pyro.pyg import validate_graph
+from bam_pyro.transformers import resolve_pretrained
 
 from .conftest import random_graph
 

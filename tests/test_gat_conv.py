@@ -21,8 +21,9 @@ from torch_geometric.typing import WITH_TORCH_SPARSE, SparseTensor
 from torch_geometric.utils import to_edge_index, to_torch_coo_tensor, to_torch_csc_tensor, to_torch_csr_tensor
 
 from bam_pyro import AttentionGuide, BamConfig, ObjectiveConfig
-from models.attention_convs import BayesianGATv2Conv, BayesianTransformerConv
-from models.gat import GAT, BayesianGATConv, NodeClassifier
+from bam_pyro.pyg import BayesianGATv2Conv, BayesianTransformerConv
+from bam_pyro.pyg import BayesianGATConv, NodeClassifier
+from models.gat import GAT
 
 CONVS = [pytest.param(GATConv, id="GATConv"), pytest.param(BayesianGATConv, id="BayesianGATConv")]
 WC = BamConfig("wc", k=1.0, beta=1e-10)  # the Cora preset

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from analysis.metrics import uncertainty_report
+from bam_pyro.metrics import uncertainty_report
 from experiments.glue import TASK, scores, side_by_side
 from experiments.glue_data import TASKS, Encoded, batches, holdout_split, matthews, read_split, subset, task_metrics
 
@@ -18,7 +18,7 @@ def settings_for(task, variant, seed, model, overrides):
 def collator():
     from transformers import AutoTokenizer, DataCollatorWithPadding
 
-    from models.transformers_bam import DEFAULT_MODEL, resolve_pretrained
+    from bam_pyro.transformers import DEFAULT_MODEL, resolve_pretrained
 
     return DataCollatorWithPadding(AutoTokenizer.from_pretrained(resolve_pretrained(DEFAULT_MODEL)), return_tensors="pt")
 
@@ -144,7 +144,7 @@ def test_posterior_probs_vary_for_bam_only():
 
     from bam_pyro import BamConfig, ObjectiveConfig
     from experiments.glue import posterior_probs
-    from models.transformers_bam import build_sequence_model
+    from bam_pyro.transformers import build_sequence_model
 
     config = BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
     lengths = [5, 7, 3, 6]
@@ -232,7 +232,7 @@ def test_runs_record_the_model_by_the_name_given_not_where_it_is_installed(tmp_p
     records of two checkouts comparable (collect refuses runs whose model differs)."""
     from experiments import glue
     from experiments.runner import run_cli
-    from models.transformers_bam import DEFAULT_MODEL
+    from bam_pyro.transformers import DEFAULT_MODEL
 
     trained = []
 

@@ -3,7 +3,7 @@ hand from the network's own outputs, the score-function surrogate's value and gr
 their formulas, padding, prediction (exact and top-K), and a toy copy task every variant learns.
 
 The network is a stand-in for ``models.nmt.Seq2Seq`` with the interface of
-:class:`models.latent_alignment.AlignmentNetwork`: a bi-LSTM encoder, an input-feeding LSTM decoder
+:class:`bam_pyro.alignment.AlignmentNetwork`: a bi-LSTM encoder, an input-feeding LSTM decoder
 with MLP attention and the output layer ``W tanh(L_h h + L_c c)``.
 """
 
@@ -23,12 +23,15 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from bam_pyro import ObjectiveConfig
-from guides.alignment import InferenceNetwork, PriorGuide, VariationalAlignmentGuide, guide_for
-from models.alignment_distributions import MaskedDirichlet
-from models.alignment_elbo import AlignmentELBO
-from models.latent_alignment import (
+from guides.alignment import InferenceNetwork
+from bam_pyro.alignment import (
     ALIGNMENT,
-    VARIANTS,
+    ALIGNMENT_VARIANTS,
+    AlignmentELBO,
+    MaskedDirichlet,
+    PriorGuide,
+    VariationalAlignmentGuide,
+    guide_for,
     AlignmentConfig,
     LatentAlignmentModel,
     elbo_for,
@@ -104,7 +107,7 @@ def build(variant: str, vocab: int = 9, objective: ObjectiveConfig = ObjectiveCo
           **config) -> LatentAlignmentModel:
     network = TinySeq2Seq(vocab, padding_noise=padding_noise)
     inference = None
-    if VARIANTS[variant].guide == "inference":
+    if ALIGNMENT_VARIANTS[variant].guide == "inference":
         inference = InferenceNetwork(network.source_embedding, network.target_embedding, hidden=10, layers=2)
     return LatentAlignmentModel(network, objective, AlignmentConfig(variant, **config), inference)
 
@@ -378,7 +381,7 @@ def test_sampled_variants_use_the_soft_likelihood_as_baseline(variant):
 # --- padding ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("variant", sorted(ALIGNMENT_VARIANTS))
 def test_padded_sources_get_zero_probability_and_no_influence(variant):
     """p, q and the draws put no mass on padded sources, and the loss does not change when their
     encoder states do (the stand-in fills them with fresh noise on every pass)."""
@@ -394,11 +397,11 @@ def test_padded_sources_get_zero_probability_and_no_influence(variant):
     padded = ~src_mask.unsqueeze(1).expand(-1, tgt_in.size(1), -1)
     trace = poutine.trace(model.model).get_trace(*batch)
     fn = trace.nodes[ALIGNMENT]["fn"]
-    weights = fn.mean if VARIANTS[variant].relaxed else fn.probs
+    weights = fn.mean if ALIGNMENT_VARIANTS[variant].relaxed else fn.probs
     assert torch.all(weights[padded] == 0)
-    if VARIANTS[variant].guide == "inference":
+    if ALIGNMENT_VARIANTS[variant].guide == "inference":
         q = poutine.trace(guide).get_trace(*batch).nodes[ALIGNMENT]["fn"]
-        assert torch.all((q.mean if VARIANTS[variant].relaxed else q.probs)[padded] == 0)
+        assert torch.all((q.mean if ALIGNMENT_VARIANTS[variant].relaxed else q.probs)[padded] == 0)
 
 
 @pytest.mark.parametrize("variant", ["va-sample", "va-relaxed"])
@@ -410,7 +413,7 @@ def test_predictive_draws_posterior_alignments_and_prior_targets(variant):
     draws = Predictive(model.model, guide=guide_for(model), num_samples=3, parallel=True,
                        return_sites=[ALIGNMENT])(*batch)[ALIGNMENT]
     lengths = src_mask.sum(-1)[None, :, None]
-    if VARIANTS[variant].relaxed:
+    if ALIGNMENT_VARIANTS[variant].relaxed:
         assert draws.shape == (3, *tgt_mask.shape, src.size(1))
         torch.testing.assert_close(draws.sum(-1), torch.ones(draws.shape[:-1]))
         assert torch.all(draws[(torch.arange(src.size(1)) >= lengths[..., None]).expand_as(draws)] == 0)
@@ -466,7 +469,7 @@ def test_relaxed_prediction_is_a_normalized_distribution():
 # --- learning -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("variant", sorted(ALIGNMENT_VARIANTS))
 def test_each_variant_learns_a_toy_copy_task(variant):
     """40 steps of the copy task, a fresh batch each step: on held-out sentences the predicted next
     token (alignment marginalized) is right on more than 55% of the targets. The same decoder with the
@@ -491,7 +494,7 @@ def test_each_variant_learns_a_toy_copy_task(variant):
     assert accuracy > 0.55, f"{variant}: held-out accuracy {accuracy:.2f}"
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("variant", sorted(ALIGNMENT_VARIANTS))
 def test_pyro_svi_with_pyro_optim_takes_the_same_step_as_the_torch_path(variant):
     """``SVI(model.model, guide, pyro.optim.Adam, loss=elbo_for(variant))``, the Pyro user's call:
     the same loss and the same parameter update as Adam on ``differentiable_loss`` (the trainer's)."""

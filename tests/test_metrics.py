@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from analysis import metrics as M
+from bam_pyro import metrics as M
 
 
 def test_accuracy_nll_brier_by_hand():

@@ -17,8 +17,7 @@ from experiments import nmt
 from experiments.multi30k import BOS, EOS, EncodedSplit, ParallelBatch, make_batch
 from experiments import nmt_uncertainty
 from experiments.nmt_uncertainty import alignment_draws
-from guides.alignment import guide_for
-from models.latent_alignment import ALIGNMENT, masked_scores
+from bam_pyro.alignment import ALIGNMENT, guide_for, masked_scores
 from experiments.records import CHECKPOINT, RECORD
 from experiments.runner import RunContext, load_trained
 from models.decoding import beam_hypotheses

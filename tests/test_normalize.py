@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from bam_pyro import DenseKeys, EdgeKeys
+from bam_pyro import DenseKeys
+from bam_pyro.pyg import EdgeKeys
 from bam_pyro.normalize import LOG_FLOOR, log_normalized, normalize
 
 

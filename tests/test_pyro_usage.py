@@ -16,7 +16,8 @@ from pyro.optim import ClippedAdam
 from bam_pyro import AttentionGuide, BamConfig, ObjectiveConfig
 from bam_pyro.elbo import AttentionMeanFieldELBO
 from bam_pyro.model import STALLED_STEP_READS, StalledStepWarning
-from models.gat import GAT, NodeClassifier, build_node_classifier
+from bam_pyro.pyg import NodeClassifier
+from models.gat import GAT, build_node_classifier
 
 from .conftest import random_graph
 

@@ -15,7 +15,7 @@ from transformers import (
 
 from bam_pyro import AttentionGuide, BamConfig, BamModel, ObjectiveConfig
 from bam_pyro.sites import SITE_INFO
-from models.transformers_bam import BAM_ATTRIBUTE, bam_attention_forward, to_bam
+from bam_pyro.transformers import BAM_ATTRIBUTE, bam_attention_forward, to_bam
 
 WC = BamConfig("wc", k=10.0, beta=1e-2, d_mid=5)
 

@@ -16,7 +16,7 @@ from bam_pyro.elbo import AttentionMeanFieldELBO
 from bam_pyro.sites import SITE_INFO
 from bam_pyro.training import SVITrainer
 from bam_pyro import AttentionGuide
-from models.transformers_bam import BAM_ATTRIBUTE, SequenceRegressor, build_sequence_model, to_bam
+from bam_pyro.transformers import BAM_ATTRIBUTE, SequenceRegressor, build_sequence_model, to_bam
 
 WC = BamConfig("wc", k=10.0, beta=1e-2, d_mid=5)
 
@@ -234,11 +234,11 @@ def test_a_model_already_on_its_device_gets_its_priors_and_site_count_there(monk
     """``from_pretrained(..., device_map=...)`` then ``to_bam``: new prior networks are created on
     the attention modules' device (here ``meta`` stands for an accelerator), and the forward pass
     that counts the sites feeds inputs on the model's device."""
-    import models.transformers_bam as transformers_bam
+    import bam_pyro.transformers.sequence as sequence
     from bam_pyro import BayesianAttention
 
     fed_on = []
-    monkeypatch.setattr(transformers_bam, "count_attention_calls", lambda network, *inputs: fed_on.extend(x.device for x in inputs) or 2)
+    monkeypatch.setattr(sequence, "count_attention_calls", lambda network, *inputs: fed_on.extend(x.device for x in inputs) or 2)
     model = tiny_bert().to("meta")
     bam_model = build_sequence_model(model, 3, WC, ObjectiveConfig())
     priors = [p for m in model.modules() if isinstance(m, BayesianAttention) for p in m.parameters()]

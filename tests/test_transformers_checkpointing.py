@@ -12,10 +12,10 @@ import pytest
 import torch
 from pyro.infer import TraceMeanField_ELBO
 
-import models.transformers_checkpointing as checkpointing
+import bam_pyro.transformers.checkpointing as checkpointing
 from bam_pyro import AttentionGuide, BamConfig, ObjectiveConfig
 from bam_pyro.sites import SITE_INFO
-from models.transformers_bam import build_sequence_model
+from bam_pyro.transformers import build_sequence_model
 
 WC = BamConfig("wc", k=10.0, beta=1e-2, d_mid=5)
 

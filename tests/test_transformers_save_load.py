@@ -4,7 +4,6 @@ and one call, as the same Bayesian-attention model."""
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -12,14 +11,14 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from bam_pyro import BamConfig, ObjectiveConfig
-from models.transformers_bam import build_sequence_model, from_pretrained, to_bam
+from bam_pyro.transformers import build_sequence_model, from_pretrained, to_bam
 
 WC = BamConfig("wc", k=10.0, beta=1e-2, d_mid=5)
 REPOSITORY = Path(__file__).resolve().parents[1]
 
 LOAD_IN_A_FRESH_PROCESS = """
 import sys, torch
-from models.transformers_bam import from_pretrained
+from bam_pyro.transformers import from_pretrained
 
 folder, expected = sys.argv[1], torch.load(sys.argv[2])
 model = from_pretrained(folder).eval()
@@ -77,7 +76,7 @@ def test_a_bam_model_loaded_by_plain_transformers_is_refused(saved_bam):
     sdpa attention; such a model cannot pass for the saved one."""
     folder, _ = saved_bam
     plain = AutoModelForSequenceClassification.from_pretrained(folder)
-    with pytest.raises(ValueError, match="models.transformers_bam.from_pretrained"):
+    with pytest.raises(ValueError, match="bam_pyro.transformers.from_pretrained"):
         build_sequence_model(plain, 2, WC, ObjectiveConfig())
     with pytest.raises(ValueError, match="drops its trained priors"):  # new random priors would replace them
         to_bam(plain, WC)

@@ -10,7 +10,7 @@ see :mod:`experiments.benchmarks.process`). The peak reported is the peak reside
 and two training steps minus the resident set right after the imports, i.e. the memory of the
 model, the optimizer and the training step (``*_rss_mb`` give the peaks themselves).
 The soft model is the unmodified transformers model (its default attention); BAM-WC swaps in
-Bayesian attention through :func:`models.transformers_bam.to_bam`. Both train with
+Bayesian attention through :func:`bam_pyro.transformers.to_bam`. Both train with
 :class:`~bam_pyro.training.SVITrainer`'s default ELBO, as ``experiments.glue`` does.
 """
 
@@ -25,7 +25,7 @@ from experiments.benchmarks.process import (
     RETURN_FREED_BLOCKS, in_fresh_process, interleaved_step_ms, soft_and_bam_figures, two_step_peak_mb,
 )
 from experiments.runner import whole_number
-from models.transformers_bam import DEFAULT_MODEL, resolve_pretrained
+from bam_pyro.transformers import DEFAULT_MODEL, resolve_pretrained
 
 
 def _training_step(variant: str, model: str, batch: int, length: int, k: float) -> Callable[[], float]:
@@ -35,7 +35,7 @@ def _training_step(variant: str, model: str, batch: int, length: int, k: float) 
     from bam_pyro import BamConfig, ObjectiveConfig
     from bam_pyro.training import SVITrainer, seed_everything
     from bam_pyro import AttentionGuide
-    from models.transformers_bam import build_sequence_model
+    from bam_pyro.transformers import build_sequence_model
 
     seed_everything(0)
     config = BamConfig(variant=variant, k=k, beta=1e-2, d_mid=5)

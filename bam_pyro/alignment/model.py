@@ -13,7 +13,7 @@ given them, and one ``Categorical`` site ``"alignment"`` inside the plates ``sen
 ``positions`` carries them all, beside the observed site ``"y"``.
 
 Variants (the paper's Table 1), each a Pyro model + guide + loss (:func:`elbo_for`,
-``guides.alignment.guide_for``):
+:func:`bam_pyro.alignment.guide_for`):
 
 =============  ===============================================  ==================  ==================
 variant        objective per token                              guide               loss
@@ -34,7 +34,7 @@ leave ``anneal_rate`` unset to follow it).
 
 Memory: enumerating builds logits ``[S, B, T, V]``; :class:`TokensGivenAlignment` scores the
 observed token only, at once up to ``max_logit_elements`` logits and beyond that in chunks recomputed
-in the backward pass (see :mod:`models.alignment_distributions`). Prediction marginalizes the alignment exactly or
+in the backward pass (see :mod:`bam_pyro.alignment.distributions`). Prediction marginalizes the alignment exactly or
 over the top-K alignments (the paper's K-max, K=5), again in chunks.
 """
 
@@ -52,11 +52,12 @@ from pyro import poutine
 from pyro.infer import TraceEnum_ELBO, TraceMeanField_ELBO, config_enumerate, infer_discrete
 from torch import Tensor, nn
 
-from bam_pyro import BamModel, ObjectiveConfig
+from ..config import ObjectiveConfig
+from ..model import BamModel
 
-from models.alignment_distributions import MaskedDirichlet, TokensGivenAlignment, dirichlet_concentration
-from models.alignment_elbo import AlignmentELBO
-from models.nmt import target_plates
+from .distributions import MaskedDirichlet, TokensGivenAlignment, dirichlet_concentration
+from .elbo import AlignmentELBO
+from .plates import target_plates
 
 #: name of the latent alignment site (model and guide)
 ALIGNMENT = "alignment"
@@ -124,7 +125,7 @@ class VariantSpec:
         return self.guide != "none" and not self.enumerate and not self.relaxed
 
 
-VARIANTS: dict[str, VariantSpec] = {
+ALIGNMENT_VARIANTS: dict[str, VariantSpec] = {
     "exact": VariantSpec(guide="none", enumerate=True),
     "hard": VariantSpec(guide="prior", enumerate=False),
     "hard-enum": VariantSpec(guide="prior", enumerate=True),
@@ -145,16 +146,16 @@ def check_top_k(value: Optional[int]) -> None:
 
 def variant_spec(variant: str) -> VariantSpec:
     """The spec of a variant name, or an error naming the known ones."""
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown latent-alignment variant {variant!r}; expected one of {sorted(VARIANTS)}")
-    return VARIANTS[variant]
+    if variant not in ALIGNMENT_VARIANTS:
+        raise ValueError(f"unknown latent-alignment variant {variant!r}; expected one of {sorted(ALIGNMENT_VARIANTS)}")
+    return ALIGNMENT_VARIANTS[variant]
 
 
 @dataclass(frozen=True)
 class AlignmentConfig:
     """Settings of a latent-alignment model.
 
-    variant: one of :data:`VARIANTS`.
+    variant: one of :data:`ALIGNMENT_VARIANTS`.
     top_k: prediction (``log_probs``, ``next_token_log_probs``) over the K most probable alignments,
         renormalized (the paper's K-max, K=5); None: exact enumeration over the source.
     relaxed_samples: prediction of ``va-relaxed``: Monte Carlo draws of the Dirichlet alignment.
@@ -180,7 +181,7 @@ class AlignmentConfig:
 
     @property
     def spec(self) -> VariantSpec:
-        return VARIANTS[self.variant]
+        return ALIGNMENT_VARIANTS[self.variant]
 
 
 def masked_scores(scores: Tensor, source_mask: Tensor) -> Tensor:
@@ -194,7 +195,7 @@ class LatentAlignmentModel(BamModel):
 
     ``model(src, src_mask, tgt_in, tgt_mask, tgt_out=None)``, all ``[B, S]`` / ``[B, T]`` with True at
     real tokens in the masks; ``tgt_out`` observed when given. ``inference``: the network of the
-    variational guide (``guides.alignment.InferenceNetwork``), required by the ``va-*`` variants;
+    variational guide (``guides.alignment.InferenceNetwork`` in the translation task), required by the ``va-*`` variants;
     it is registered here so that one optimizer and one checkpoint hold both networks, and the model
     never calls it.
     """
@@ -257,7 +258,7 @@ class LatentAlignmentModel(BamModel):
         return poutine.trace(sampler).get_trace().nodes[ALIGNMENT]["value"]
 
     def target_plates(self, tgt_mask: Tensor) -> contextlib.AbstractContextManager[None]:
-        """The translation task's target plates (:func:`models.nmt.target_plates`)."""
+        """The translation task's target plates (:func:`bam_pyro.alignment.target_plates`)."""
         return target_plates(tgt_mask, self.objective.reduction)
 
     @torch.no_grad()

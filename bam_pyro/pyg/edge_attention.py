@@ -3,7 +3,7 @@
 GAT, GATv2 and the graph transformer differ in how they project nodes and score an edge. The rest
 is one pipeline: read the adjacency in any of PyG's forms, replace self-loops, normalize the scores
 over each target's incoming edges (here :class:`bam_pyro.BayesianAttention` over
-:class:`bam_pyro.EdgeKeys`, memory linear in the edges), drop the weights, sum the weighted
+:class:`bam_pyro.pyg.EdgeKeys`, memory linear in the edges), drop the weights, sum the weighted
 messages, concatenate or average the heads, give the weights back in the caller's form.
 :class:`EdgeAttentionConv` runs it; a layer declares its parameters and writes :meth:`project`,
 :meth:`score` and :meth:`combine`.
@@ -20,7 +20,9 @@ from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import add_self_loops, remove_self_loops
 
-from bam_pyro import BamConfig, BayesianAttention, EdgeKeys
+from ..attention import BayesianAttention
+from ..config import BamConfig
+from .edge_keys import EdgeKeys
 
 from .adjacency import Adj, attention_like, read_adjacency
 

@@ -17,11 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-import arviz as az
 import numpy as np
-import pandas as pd
 import torch
-import xarray as xr
+
+from .optional import require
+
+az = require("arviz", "bam_pyro.diagnostics")
+pd = require("pandas", "bam_pyro.diagnostics")
+xr = require("xarray", "bam_pyro.diagnostics")
 
 DIMS = ("layer", "head", "query", "key")
 

@@ -1,5 +1,5 @@
 """PyG's other attention convolutions with Bayesian attention weights, on the shared core of
-:mod:`models.edge_attention`: each is its PyG layer's parameters, projection and scoring function.
+:mod:`bam_pyro.pyg.edge_attention`: each is its PyG layer's parameters, projection and scoring function.
 
 - :class:`BayesianGATv2Conv` (Brody et al. 2022), PyG's ``GATv2Conv``:
   ``a . LeakyReLU(W_s h_j + W_t h_i [+ W_e e_ji])``, the nonlinearity before the attention vector;
@@ -8,7 +8,7 @@
   optionally gated by ``beta``.
 
 Same arguments in the same order and the same parameters as PyG's layers, then the keyword
-``config`` (default: soft attention, i.e. PyG's layer). As for :class:`models.gat.BayesianGATConv`,
+``config`` (default: soft attention, i.e. PyG's layer). As for :class:`bam_pyro.pyg.BayesianGATConv`,
 the attention weights given back are those that weighted the messages (after dropout; PyG's
 ``TransformerConv`` gives them before).
 """
@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import glorot, zeros
 
-from bam_pyro import BamConfig
+from ..config import BamConfig
 
 from .adjacency import Adj
 from .edge_attention import SOFT, EdgeAttentionConv, NodeFeatures, NodeInput

@@ -12,7 +12,8 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+
+from .optional import require
 
 #: p-value thresholds of the paper's PAvPU table (appendix B.2.1)
 PAVPU_THRESHOLDS = (0.01, 0.05, 0.1)
@@ -156,6 +157,7 @@ def top_two_pvalues(samples, atol: float = 1e-6) -> np.ndarray:
             # one class may be exactly constant while the other varies: its own variance is 0,
             # which scipy flags as "precision loss", but the pooled variance of the test is fine
             warnings.filterwarnings("ignore", "Precision loss", RuntimeWarning)
+            stats = require("scipy.stats", "bam_pyro.metrics.top_two_pvalues")
             pvalues[varying] = stats.ttest_ind(first[:, varying], second[:, varying], axis=0, equal_var=True).pvalue
     return pvalues
 

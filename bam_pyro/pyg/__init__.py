@@ -1,0 +1,23 @@
+"""Bayesian attention for PyTorch Geometric: drop-ins for ``GATConv``, ``GATv2Conv`` and
+``TransformerConv`` on PyG's ``MessagePassing``, the edge attention axis they share, and the Pyro
+model of node classification. Needs ``torch_geometric`` (``pip install 'bam-pyro[pyg]'``)."""
+
+from ..optional import require
+
+require("torch_geometric", "bam_pyro.pyg")
+
+from .attention_convs import BayesianGATv2Conv, BayesianTransformerConv  # noqa: E402
+from .edge_attention import EdgeAttentionConv  # noqa: E402
+from .edge_keys import EdgeKeys  # noqa: E402
+from .gat_conv import BayesianGATConv  # noqa: E402
+from .node_classifier import NodeClassifier, validate_graph  # noqa: E402
+
+__all__ = [
+    "BayesianGATConv",
+    "BayesianGATv2Conv",
+    "BayesianTransformerConv",
+    "EdgeAttentionConv",
+    "EdgeKeys",
+    "NodeClassifier",
+    "validate_graph",
+]

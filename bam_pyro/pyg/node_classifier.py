@@ -1,0 +1,39 @@
+"""The Pyro model of transductive node classification, for any PyG network that returns logits."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pyro.distributions as dist
+import torch
+from torch import Tensor
+
+from ..model import BamModel
+
+
+class NodeClassifier(BamModel):
+    """Pyro model for transductive node classification: labels of the chosen nodes are observed.
+
+    ``model(x, edge_index, y=None, nodes=idx)``: ``y ~ Categorical(logits[nodes])``.
+    """
+
+    def likelihood(self, logits: Tensor, y: Optional[Tensor] = None, nodes: Optional[Tensor] = None) -> None:
+        logits = self.align_to_plate(logits, ndim=2)
+        if nodes is not None:
+            logits = logits.index_select(-2, nodes)
+            y = None if y is None else y.index_select(-1, nodes)
+        self.observe("y", dist.Categorical(logits=logits), y)
+
+
+def validate_graph(x: Tensor, edge_index: Tensor) -> None:
+    """Clear errors for inputs that would otherwise fail deep inside the network, or silently."""
+    if x.dim() != 2:
+        raise ValueError(f"node features must have shape [num_nodes, num_features], got {tuple(x.shape)}")
+    if not torch.isfinite(x).all():
+        bad = (~torch.isfinite(x)).any(-1).nonzero().flatten()
+        raise ValueError(f"node features contain NaN or inf at {bad.numel()} nodes (first: {bad[:5].tolist()})")
+    if edge_index.dim() != 2 or edge_index.size(0) != 2 or edge_index.dtype != torch.long:
+        raise ValueError(f"edge_index must be a LongTensor of shape [2, num_edges], got {edge_index.dtype} {tuple(edge_index.shape)}")
+    if edge_index.numel() and (edge_index.min() < 0 or edge_index.max() >= x.size(0)):
+        raise ValueError(f"edge_index refers to nodes outside [0, {x.size(0)})")
+

@@ -1,0 +1,130 @@
+"""Bayesian attention as a transformers attention function: ``attn_implementation="bam"``.
+
+transformers routes every attention call, self- and cross-attention, through
+``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]``; :func:`register_bam_attention` adds
+:func:`bam_attention_forward` there under the name ``"bam"``, with :func:`bam_mask` as its mask.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from ..axes import DenseKeys
+from .checkpointing import active_replay
+
+#: the ``attn_implementation`` name of Bayesian attention
+ATTN_IMPLEMENTATION = "bam"
+#: attribute of an attention module that holds its Bayesian attention
+BAM_ATTRIBUTE = "bam_attention"
+
+
+class SequenceKeys(DenseKeys):
+    """Attention entries ``[B, H, Lq, Lk]`` of a batch of sequences, as transformers lays them out.
+
+    ``mask``: transformers' boolean mask ``[B, 1, Lq, Lk]`` (True = attend) or None. A square mask
+    whose rows are all equal is key padding: the weights then normalize over the valid keys
+    (``key_mask`` ``[B, 1, 1, Lk]``) and per-key values (the prior's Psi) stay ``[B, H, 1, Lk]``
+    instead of growing to full maps. In self-attention (``queries_are_keys``: queries and keys
+    are the same positions) the site mask (KL, entry count) also drops the rows of padded queries;
+    in cross-attention the queries are other positions (a decoder's), which the keys' padding
+    says nothing of. Any other mask (causal, custom) is used as is.
+
+    The batch is part of one site's event (``event_dim = 4``): transformers' modules cannot run
+    inside a data plate with extra sample dimensions, and the KL of a batch is the sum over its
+    sequences either way.
+    """
+
+    event_dim = 4
+
+    def __init__(self, mask: Optional[Tensor], batch_size: int, queries_are_keys: bool = True) -> None:
+        if mask is not None and mask.dtype != torch.bool:
+            raise TypeError(
+                f"Bayesian attention expects a boolean attention mask (True = attend), got {mask.dtype}; "
+                f"convert the model with to_bam() so that the '{ATTN_IMPLEMENTATION}' mask function is used"
+            )
+        query_mask = None
+        if mask is not None and mask.shape[-1] == mask.shape[-2]:
+            first_row = mask[..., :1, :]
+            if bool((mask == first_row).all()):  # key padding
+                mask = first_row
+                if queries_are_keys:  # the padded positions are queries too
+                    query_mask = first_row.transpose(-1, -2)
+        super().__init__(mask, batch_shape=torch.Size([batch_size]), query_mask=query_mask)
+
+
+#: keyword arguments of transformers' attention functions that change how scores become weights in
+#: ways Bayesian attention does not implement: refused rather than ignored
+UNSUPPORTED_ARGUMENTS = {"s_aux": "attention sinks", "sinks": "attention sinks", "sink_scale": "attention sinks"}
+
+
+def bam_attention_forward(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Optional[Tensor],
+    scaling: Optional[float] = None,
+    dropout: float = 0.0,
+    position_bias: Optional[Tensor] = None,
+    softcap: Optional[float] = None,
+    **kwargs: Any,
+) -> tuple[Tensor, Tensor]:
+    """transformers attention function: query ``[B, H, L, d]``, key/value ``[B, H or fewer, L, d]``
+    -> output ``[B, L, H, d]`` and weights ``[B, H, Lq, Lk]``, with the weights drawn by the
+    module's Bayesian attention. The weights returned (``output_attentions=True``) are the
+    Bayesian weights themselves, before the attention dropout that the output sees.
+
+    The scores before Phi are those of the model's eager attention: the scaled dot products, soft-
+    capped (Gemma 2's ``softcap``), plus an additive ``position_bias`` (T5's relative positions;
+    ``[B or 1, H, Lq, Lk]``).
+    """
+    bam = getattr(module, BAM_ATTRIBUTE, None)
+    if bam is None:
+        raise RuntimeError(
+            f"{type(module).__name__} has no Bayesian attention; convert the model with to_bam() "
+            f"instead of setting attn_implementation='{ATTN_IMPLEMENTATION}' alone"
+        )
+    for name, feature in UNSUPPORTED_ARGUMENTS.items():
+        if kwargs.get(name) is not None:
+            raise NotImplementedError(f"{type(module).__name__} passes {name}= ({feature}), which Bayesian attention does not implement")
+    if scaling is None:
+        scaling = query.size(-1) ** -0.5
+    if key.size(1) != query.size(1):  # grouped-query attention: each key/value head serves a group of query heads
+        groups = query.size(1) // key.size(1)
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(query * scaling, key.transpose(-1, -2))  # scaled before: 4x fewer entries
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    if position_bias is not None:
+        scores = scores + position_bias
+    # cross-attention modules are decoder modules; a decoder's self-attention is causal, never key padding
+    axis = SequenceKeys(attention_mask, query.size(0), queries_are_keys=not getattr(module, "is_decoder", False))
+    keys = key.transpose(1, 2)
+    replay = active_replay() if bam.config.stochastic else None
+    if replay is None:
+        weights = bam(scores, keys, axis)
+    else:  # inside a checkpointed layer: drawn once, replayed by the recomputation
+        weights = replay.attend(lambda: bam(scores, keys, axis), scores)
+    output = torch.matmul(F.dropout(weights, p=dropout, training=module.training), value)
+    return output.transpose(1, 2).contiguous(), weights
+
+
+def bam_mask(*args: Any, **kwargs: Any) -> Optional[Tensor]:
+    """transformers' sdpa mask (boolean, True = attend), always built for causal attention. sdpa
+    may return None for a causal mask without padding and leave causality to its kernel's
+    ``is_causal``; Bayesian attention reads None as "every key is valid", so the model would look
+    ahead. (None for bidirectional attention without padding is right and stays.)"""
+    return sdpa_mask(*args, **{**kwargs, "allow_is_causal_skip": False})
+
+
+def register_bam_attention() -> None:
+    """Make ``attn_implementation="bam"`` known to transformers (idempotent), with :func:`bam_mask`
+    as its mask function."""
+    AttentionInterface.register(ATTN_IMPLEMENTATION, bam_attention_forward)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, bam_mask)
