@@ -15,7 +15,7 @@ contextual prior computed from the encoder states once per sentence and shared b
 step. Posterior draws only broadcast through that call and the output layer.
 
 The interface other attention models reuse (the latent-alignment family of Deng et al. in
-``models/latent_alignment.py``), all on :class:`Seq2Seq`:
+:mod:`bam_pyro.alignment`), all on :class:`Seq2Seq`:
 
 - ``encode(src, src_mask) -> Memory``: encoder states ``[B, S, E]``, their attention
   projection ``W_k x`` ``[B, S, A]`` and the source mask;
