@@ -383,6 +383,8 @@ def read_checkpoint(path: os.PathLike, mmap: bool = False) -> dict[str, Any]:
     """A checkpoint written by :meth:`SVITrainer.save`, read without executing pickled code;
     :class:`DamagedFile` if it cannot be read back as one. ``mmap``: map the tensors instead of
     reading them (cheap: for a look at the plain values)."""
+    if os.path.getsize(path) == 0:
+        raise DamagedFile(path, "an empty file")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except (FileNotFoundError, PermissionError, IsADirectoryError, MemoryError):

@@ -17,7 +17,9 @@ from typing import Callable, Iterator, NamedTuple, Optional, Sequence
 
 import pytest
 
+from bam_pyro.training import DamagedFile
 from experiments import collect, gat, nmt, vqa
+from experiments.runner import load_trained
 
 RUN = "cora-soft-seed0"
 GAT_ARGS = ("--variant", "soft", "--seeds", "0", "--max-epochs", "1", "--no-progress", "--threads", "1")
@@ -199,3 +201,11 @@ def test_a_fault_ends_with_one_line_status_2_and_the_folder_untouched(fault, fin
         assert len(err.splitlines()) == 1 and "Traceback" not in err, err
         assert all(word in err for word in row.words), (row.words, err)
         assert snapshot(row.watched) == before
+
+
+def test_load_trained_finds_a_damaged_checkpoint_before_the_data_load(finished, tmp_path, monkeypatch):
+    monkeypatch.setattr(gat, "load_planetoid", _no_data)
+    out = _copy(finished, tmp_path)
+    _damage(out / "runs" / RUN / "checkpoint.pt", "flip")
+    with pytest.raises(DamagedFile, match="checkpoint.pt is damaged \\(its checksum differs .*\\): delete that run's folder"):
+        load_trained(gat.TASK, out / "runs" / RUN)
