@@ -7,7 +7,9 @@ A sweep is often spread over folders (one per setting, machine or shard). This r
 records and writes ``results.csv``, the task's tables (``table.md``, ``table-<name>.csv``) and
 ``paired.png``, as the task script would for one folder. A run present in several folders with the
 same settings is taken from the later one; with other settings it is refused, naming both folders
-and the settings (which of the two the table showed would be a matter of the order of the folders).
+and the settings (which of the two the table showed would be a matter of the order of the folders),
+unless ``--later-wins`` says that the later folder's runs are to replace the earlier ones (a variant
+re-run with other settings, paired with the first folder's other variants).
 Runs of one panel and variant that differ in a setting are not seeds of one
 experiment, and variants of one panel trained differently (other than in their attention's
 settings) cannot be paired by seed: both are refused, naming the settings. ``--compare`` is for a
@@ -51,7 +53,7 @@ def require_one_setting_per_run(records: Sequence[dict]) -> None:
         differing = setting_differences(seen["settings"], record["settings"], f"in {record['folder']}:")
         if differing:
             raise ValueError(f"run {record['run']} is in {seen['folder']} and {record['folder']} with other settings: "
-                             f"{'; '.join(differing)} (use --compare to tabulate both, or leave one folder out)")
+                             f"{'; '.join(differing)} (--later-wins takes the later folder's, --compare tabulates both)")
 
 
 def compare_table(results: pd.DataFrame, task: Task, settings: Sequence[str]) -> pd.DataFrame:
@@ -69,6 +71,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, pd.DataFrame]:
     parser.add_argument("folders", nargs="+", type=Path, help="output folders of one task script")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--compare", action="store_true", help="one row per distinct setting instead of refusing mixed settings")
+    parser.add_argument("--later-wins", action="store_true",
+                        help="a run held by several folders with other settings is taken from the later folder")
     args = parser.parse_args(argv)
     try:
         require_writable_folder(args.out)
@@ -79,7 +83,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, pd.DataFrame]:
         task = task_of(tasks[0])
         settings = [c for c in records[0]["settings"] if c != "seed"]
         results = merged(records, args.compare)
-        if not args.compare:
+        if not (args.compare or args.later_wins):
             require_one_setting_per_run(records)
             require_agreement(results, task, settings, "use --compare to tabulate them side by side")
     except (ValueError, FileNotFoundError) as error:
