@@ -96,7 +96,7 @@ class DamagedFile(ValueError):
         super().__init__(f"{path} is damaged ({reason}): {advice}")
 
 
-def first_sentence(error: BaseException) -> str:
+def _first_sentence(error: BaseException) -> str:
     """An error's message cut to one line (torch's zip errors run on for several sentences)."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return text.split(". ")[0].rstrip(".")
@@ -390,7 +390,7 @@ def read_checkpoint(path: os.PathLike, mmap: bool = False) -> dict[str, Any]:
     except (FileNotFoundError, PermissionError, IsADirectoryError, MemoryError):
         raise
     except Exception as error:  # torch.load's errors on a broken file: RuntimeError, EOFError, UnpicklingError, OSError...
-        raise DamagedFile(path, f"not a readable checkpoint: {first_sentence(error)}") from None
+        raise DamagedFile(path, f"not a readable checkpoint: {_first_sentence(error)}") from None
     missing = [key for key in CHECKPOINT_KEYS if key not in state] if isinstance(state, dict) else list(CHECKPOINT_KEYS)
     if missing:
         raise DamagedFile(path, f"not a checkpoint of SVITrainer: no {', '.join(missing)}")
