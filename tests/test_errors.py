@@ -180,13 +180,16 @@ def test_a_mask_that_does_not_broadcast_names_both_shapes():
 @pytest.mark.parametrize("variant", ["soft", "wc", "lf"])
 def test_a_query_with_every_key_masked_gets_zero_weights_and_no_kl(variant):
     """Sentence 1 has no valid key: its rows are all zero (no weight on padding) in the point
-    prediction, in a draw and at the model's site, and the site's KL is sentence 0's alone."""
+    prediction, in a draw and at the model's site, its gradients finite, and the site's KL is
+    sentence 0's alone."""
     layer = MultiHeadBayesianAttention(8, 2, BamConfig(variant))
     x = torch.randn(2, 4, 8)
     valid = torch.tensor([[True, True, True, False], [False] * 4])
     for training in (False, True):
-        weights = layer.train(training)(x, x, x, key_padding_mask=valid)[1]
+        out, weights = layer.train(training)(x, x, x, key_padding_mask=valid)
         assert torch.all(weights[1] == 0) and torch.allclose(weights[0].sum(-1), torch.ones(2, 4))
+    out.pow(2).sum().backward()  # and the gradients stay finite
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)
     if variant == "soft":
         return
 
