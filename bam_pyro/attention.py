@@ -39,10 +39,16 @@ class BayesianAttention(nn.Module):
     ``num_heads`` and ``key_dim`` size the contextual prior network (unused otherwise).
     ``site_name`` names the Pyro sample site; :class:`~bam_pyro.model.BamModel` sets it to the
     module's qualified name.
+
+    A query whose keys the axis masks all gets all-zero weights and no KL, rather than NaN (as
+    PyTorch's ``scaled_dot_product_attention``) or a uniform weight over padding: see
+    :class:`~bam_pyro.axes.DenseKeys`.
     """
 
     def __init__(self, config: BamConfig, num_heads: int, key_dim: int, site_name: str = "attention") -> None:
         super().__init__()
+        if not isinstance(config, BamConfig):
+            raise TypeError(f"config must be a BamConfig (e.g. BamConfig('wc')), got {config!r}")
         self.config = config
         self.site_name = site_name
         self.prior_net = (

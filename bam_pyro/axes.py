@@ -63,6 +63,15 @@ class DenseKeys:
     padded queries (a padded target or question) out of the site: their rows carry no KL and do not
     count in its mean. Each row is still normalized over its valid keys, so that no row is all
     masked (which would push the normalization off its fast path); the caller ignores those rows.
+
+    A query whose keys are all masked (an empty sequence) gets all-zero weights, in the point
+    prediction, in draws and at the site, and carries no KL (none of its entries is in the site),
+    as PyG's softmax leaves a node without edges: its attention output is zero. PyTorch's
+    ``scaled_dot_product_attention`` gives NaN there instead, which one such query spreads to the
+    loss and every gradient of its batch; a uniform weight over the padding (what a large negative
+    fill alone gives) would mix padding into the output silently. Finding such rows costs one
+    look at the mask per call (a device synchronization on a GPU), and normalizing samples that
+    hold them leaves the fast path (see :func:`~bam_pyro.normalize.normalize`).
     """
 
     recompute = True  # maps grow with the square of the length
@@ -79,11 +88,22 @@ class DenseKeys:
                     f"attention {name} must broadcast to [..., heads, queries, keys] "
                     f"(at least 3 dims), got shape {tuple(given.shape)}"
                 )
+        if mask is not None and query_mask is not None and not _broadcast(mask.shape, query_mask.shape):
+            raise ValueError(f"attention mask of shape {tuple(mask.shape)} and query_mask of shape "
+                             f"{tuple(query_mask.shape)} do not broadcast together")
         #: the mask of the keys each query normalizes over
         self.key_mask = mask
+        #: queries without any valid key (their weights are zero), or None if there are none
+        self.empty_rows = None
+        if mask is not None:
+            empty = ~mask.any(dim=-1, keepdim=True)
+            self.empty_rows = empty if bool(empty.any()) else None
         #: the entries of the sample site: valid keys of valid queries
         self.mask = mask if query_mask is None else query_mask if mask is None else mask & query_mask
         if self.mask is not None:  # a mask shared by the batch ([1, 1, 1, keys]) stands for all of it
+            if not _broadcast(self.mask.shape[:-3], torch.Size(batch_shape)):
+                raise ValueError(f"attention mask of shape {tuple(self.mask.shape)} does not broadcast to the "
+                                 f"batch {tuple(batch_shape)}")
             batch_shape = torch.broadcast_shapes(self.mask.shape[:-3], torch.Size(batch_shape))
         self.batch_shape = torch.Size(batch_shape)
         self.event_dim = 3 + len(self.batch_shape)
@@ -91,7 +111,8 @@ class DenseKeys:
     def softmax(self, values: Tensor) -> Tensor:
         if self.key_mask is not None:
             values = values.masked_fill(~self.key_mask, torch.finfo(values.dtype).min)
-        return values.softmax(dim=-1)
+        weights = values.softmax(dim=-1)
+        return weights if self.empty_rows is None else weights.masked_fill(self.empty_rows, 0.0)
 
     def key_sum(self, values: Tensor) -> Tensor:
         return values.sum(dim=-1, keepdim=True)
@@ -112,3 +133,12 @@ class DenseKeys:
     def num_valid(self, entries: Tensor) -> int:
         event = entries.shape[-self.event_dim:]  # the batch as the entries have it, not as the mask
         return event.numel() if self.mask is None else int(self.mask.expand(event).sum())
+
+
+def _broadcast(*shapes: torch.Size) -> bool:
+    """Whether the shapes broadcast together."""
+    try:
+        torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        return False
+    return True

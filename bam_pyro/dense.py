@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
 from torch import Tensor, nn
 
 from .attention import BayesianAttention
@@ -37,6 +38,9 @@ class MultiHeadBayesianAttention(nn.Module):
         batch_dims: int = 1,
     ) -> None:
         super().__init__()
+        for name, value in (("d_model", d_model), ("num_heads", num_heads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
         self.num_heads, self.head_dim = num_heads, d_model // num_heads
@@ -61,18 +65,25 @@ class MultiHeadBayesianAttention(nn.Module):
         q, k, v = self._heads(self.query_proj(query)), self._heads(self.key_proj(key)), self._heads(self.value_proj(value))
         mask = query_mask = None
         if key_padding_mask is not None:
-            if key_padding_mask.shape[-1] != key.shape[-2]:
-                raise ValueError(
-                    f"key_padding_mask has {key_padding_mask.shape[-1]} keys, key has {key.shape[-2]}"
-                )
+            _check_padding_mask("key", key_padding_mask, key)
             mask = key_padding_mask[..., None, None, :]
         if query_padding_mask is not None:
-            if query_padding_mask.shape[-1] != query.shape[-2]:
-                raise ValueError(
-                    f"query_padding_mask has {query_padding_mask.shape[-1]} queries, query has {query.shape[-2]}"
-                )
+            _check_padding_mask("query", query_padding_mask, query)
             query_mask = query_padding_mask[..., None, :, None]
         axis = DenseKeys(mask, batch_shape=key.shape[max(key.dim() - 2 - self.batch_dims, 0) : -2], query_mask=query_mask)
         weights = self.attention(self.score(q, k), k.transpose(-2, -3), axis)
         out = self.dropout(weights) @ v  # [..., H, Lq, d]
         return self.out_proj(out.transpose(-2, -3).flatten(-2)), weights
+
+
+def _check_padding_mask(role: str, mask: Tensor, inputs: Tensor) -> None:
+    """A ``[..., L]`` padding mask fits its ``[..., L, d_model]`` inputs: as long, and of a batch
+    that broadcasts to theirs (``ValueError`` naming both shapes)."""
+    units = "keys" if role == "key" else "queries"
+    if mask.shape[-1] != inputs.shape[-2]:
+        raise ValueError(f"{role}_padding_mask has {mask.shape[-1]} {units}, {role} has {inputs.shape[-2]}")
+    try:
+        torch.broadcast_shapes(mask.shape[:-1], inputs.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"{role}_padding_mask of shape {tuple(mask.shape)} does not broadcast to {role}'s batch "
+                         f"{tuple(inputs.shape[:-2])} ({role}: {tuple(inputs.shape)})") from None

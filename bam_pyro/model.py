@@ -83,6 +83,13 @@ class BamModel(nn.Module):
 
     ``pyro_name`` names the model's parameters in Pyro's param store:
     ``"<pyro_name>$$$network.<parameter>"`` (see :meth:`register_parameters`).
+
+    Train in float32 (or bfloat16), not with the parameters in float16: the Bayesian attention
+    computes in float32 either way, but a plain optimizer loop (the README's Adam) on float16
+    parameters turns them NaN or infinite within a step or two. Adam's ``eps`` (1e-8) is below float16's
+    smallest number, as are the squares of small gradients, so its update divides zero by zero
+    (a parameter without gradient) or a number by zero. Mixed precision (float32 parameters,
+    ``torch.autocast`` and a gradient scaler) is the way to use float16's speed.
     """
 
     def __init__(self, network: nn.Module, objective: ObjectiveConfig, *, pyro_name: str = "bam") -> None:

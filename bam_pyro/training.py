@@ -14,7 +14,10 @@ between two steps once that much time has passed since the last one, so a killed
 most that much work. Resuming continues bit-for-bit like the uninterrupted run: inside an epoch,
 the epoch's batches are rebuilt from the RNG state the epoch started with and the batches
 already done are skipped. Checkpoints hold tensors and plain Python values only and are read
-with ``torch.load(weights_only=True)``, which executes no pickled code.
+with ``torch.load(weights_only=True)``, which executes no pickled code. A file that cannot be read
+back as a checkpoint (cut short, overwritten, another file) raises :class:`DamagedFile`, naming it.
+Loading does not notice a changed byte among the tensors: a caller that must know a file is the
+one written keeps its checksum (``experiments.records`` does, in a finished run's record).
 """
 
 from __future__ import annotations
@@ -81,6 +84,22 @@ def same_setting(a: Any, b: Any) -> bool:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class DamagedFile(ValueError):
+    """A file that cannot be read back as it was written: one line naming it, the reason and what
+    to do (``advice``: delete it to start that training again, or restore it from a copy)."""
+
+    def __init__(self, path: os.PathLike, reason: str,
+                 advice: str = "delete it to start that training again, or restore it from a copy") -> None:
+        self.path, self.reason = Path(path), reason
+        super().__init__(f"{path} is damaged ({reason}): {advice}")
+
+
+def _first_sentence(error: BaseException) -> str:
+    """An error's message cut to one line (torch's zip errors run on for several sentences)."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return text.split(". ")[0].rstrip(".")
 
 
 def metadata_differences(saved: dict[str, Any], expected: dict[str, Any]) -> list[str]:
@@ -344,10 +363,7 @@ class SVITrainer:
 
     def load(self, path: os.PathLike, early_stopping: Optional[EarlyStopping] = None) -> None:
         state = read_checkpoint(path)
-        differing = metadata_differences(state["metadata"], self.metadata)
-        if differing:
-            raise ValueError(f"{path} holds an unfinished run with other settings: {'; '.join(differing)}. "
-                             "Delete it to start again, or choose another output folder.")
+        require_same_metadata(path, state["metadata"], self.metadata)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None:
@@ -359,6 +375,32 @@ class SVITrainer:
         set_rng_state(state["rng"])
 
 
-def read_checkpoint(path: os.PathLike) -> dict[str, Any]:
-    """A checkpoint written by :meth:`SVITrainer.save`, read without executing pickled code."""
-    return torch.load(path, map_location="cpu", weights_only=True)
+#: what every checkpoint of :meth:`SVITrainer.save` holds, whatever version wrote it
+CHECKPOINT_KEYS = ("model", "optimizer", "epoch", "history", "metadata")
+
+
+def read_checkpoint(path: os.PathLike, mmap: bool = False) -> dict[str, Any]:
+    """A checkpoint written by :meth:`SVITrainer.save`, read without executing pickled code;
+    :class:`DamagedFile` if it cannot be read back as one. ``mmap``: map the tensors instead of
+    reading them (cheap: for a look at the plain values)."""
+    if os.path.getsize(path) == 0:
+        raise DamagedFile(path, "an empty file")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except (FileNotFoundError, PermissionError, IsADirectoryError, MemoryError):
+        raise
+    except Exception as error:  # torch.load's errors on a broken file: RuntimeError, EOFError, UnpicklingError, OSError...
+        raise DamagedFile(path, f"not a readable checkpoint: {_first_sentence(error)}") from None
+    missing = [key for key in CHECKPOINT_KEYS if key not in state] if isinstance(state, dict) else list(CHECKPOINT_KEYS)
+    if missing:
+        raise DamagedFile(path, f"not a checkpoint of SVITrainer: no {', '.join(missing)}")
+    return state
+
+
+def require_same_metadata(path: os.PathLike, saved: dict[str, Any], expected: dict[str, Any]) -> None:
+    """Refuse (``ValueError``, naming the entries) to resume from the checkpoint ``path`` written
+    with other metadata (settings) than ``expected``."""
+    differing = metadata_differences(saved, expected)
+    if differing:
+        raise ValueError(f"{path} holds an unfinished run with other settings: {'; '.join(differing)}. "
+                         "Delete it to start again, or choose another output folder.")

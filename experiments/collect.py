@@ -5,8 +5,12 @@
 
 A sweep is often spread over folders (one per setting, machine or shard). This reads their run
 records and writes ``results.csv``, the task's tables (``table.md``, ``table-<name>.csv``) and
-``paired.png``, as the task script would for one folder. A run present in several folders is taken
-from the later one. Runs of one panel and variant that differ in a setting are not seeds of one
+``paired.png``, as the task script would for one folder. A run present in several folders with the
+same settings is taken from the later one; with other settings it is refused, naming both folders
+and the settings (which of the two the table showed would be a matter of the order of the folders),
+unless ``--later-wins`` says that the later folder's runs are to replace the earlier ones (a variant
+re-run with other settings, paired with the first folder's other variants).
+Runs of one panel and variant that differ in a setting are not seeds of one
 experiment, and variants of one panel trained differently (other than in their attention's
 settings) cannot be paired by seed: both are refused, naming the settings. ``--compare`` is for a
 sweep over settings instead: one row per distinct setting of a panel and variant, the settings
@@ -23,7 +27,7 @@ from typing import Optional, Sequence
 import pandas as pd
 
 from analysis.tables import summarize
-from experiments.records import flatten, read_folders
+from experiments.records import flatten, read_folders, require_writable_folder, setting_differences
 from experiments.runner import Task, require_agreement, write_tables
 
 
@@ -38,6 +42,18 @@ def merged(records: Sequence[dict], compare: bool) -> pd.DataFrame:
     settings = [c for c in records[0]["settings"] if c != "seed"]
     keys = ["task", "_run", *settings] if compare else ["task", "_run"]
     return rows.astype({c: object for c in settings}).drop_duplicates(keys, keep="last").drop(columns="_run")
+
+
+def require_one_setting_per_run(records: Sequence[dict]) -> None:
+    """Raise ``ValueError`` if two folders hold one run (task and name) with different settings,
+    naming both folders and the settings."""
+    first: dict[tuple[str, str], dict] = {}
+    for record in records:
+        seen = first.setdefault((record["task"], record["run"]), record)
+        differing = setting_differences(seen["settings"], record["settings"], f"in {record['folder']}:")
+        if differing:
+            raise ValueError(f"run {record['run']} is in {seen['folder']} and {record['folder']} with other settings: "
+                             f"{'; '.join(differing)} (--later-wins takes the later folder's, --compare tabulates both)")
 
 
 def compare_table(results: pd.DataFrame, task: Task, settings: Sequence[str]) -> pd.DataFrame:
@@ -55,8 +71,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, pd.DataFrame]:
     parser.add_argument("folders", nargs="+", type=Path, help="output folders of one task script")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--compare", action="store_true", help="one row per distinct setting instead of refusing mixed settings")
+    parser.add_argument("--later-wins", action="store_true",
+                        help="a run held by several folders with other settings is taken from the later folder")
     args = parser.parse_args(argv)
     try:
+        require_writable_folder(args.out)
         records = read_folders(args.folders)
         tasks = sorted({r["task"] for r in records})
         if len(tasks) > 1:
@@ -64,7 +83,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, pd.DataFrame]:
         task = task_of(tasks[0])
         settings = [c for c in records[0]["settings"] if c != "seed"]
         results = merged(records, args.compare)
-        if not args.compare:
+        if not (args.compare or args.later_wins):
+            require_one_setting_per_run(records)
             require_agreement(results, task, settings, "use --compare to tabulate them side by side")
     except (ValueError, FileNotFoundError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")

@@ -138,7 +138,7 @@ class NmtSettings(RunSettings):
         require(self.preset in PRESETS, "preset", self.preset, f"one of {sorted(PRESETS)}")
         require(self.variant in BUILDERS, "variant", self.variant, f"one of the translation variants {sorted(BUILDERS)}")
         for name in ("bpe_size", "max_length", "max_train", "batch_size", "max_epochs", "patience", "beam_size",
-                     "eval_batch_size"):
+                     "eval_batch_size", "top_k"):  # top_k for every variant: one sweep may mix them
             value = getattr(self, name)
             require(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
                     name, value, "a whole number >= 1")

@@ -8,14 +8,22 @@ setting per run: asking for a finished run, or resuming an unfinished one, with 
 refused by name instead of passing one setting's result off as another's. Several processes may
 run the same sweep into one folder (one per core or GPU): each run is claimed by one of them
 (:meth:`RunFolder.claimed`), the others go on to the next run.
+
+Every file is checked when it is read: a record that is not a record, or a checkpoint that cannot
+be read back, raises :class:`~bam_pyro.training.DamagedFile` naming it and what to do. A record
+holds its run's checkpoint's checksum (taken when the record is saved, once the checkpoint is
+final), so that a finished run's damaged checkpoint is found before it is used, even a change that
+loading would not notice; an unfinished run's checkpoint is verified by loading.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import subprocess
+import tempfile
 import time
 from contextlib import contextmanager
 from importlib import metadata
@@ -24,27 +32,72 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import pandas as pd
 
-from bam_pyro.training import same_setting
+from bam_pyro.training import DamagedFile, read_checkpoint, require_same_metadata, same_setting
 
 RECORD = "record.json"
 CHECKPOINT = "checkpoint.pt"
 LOCK = ".lock"
+#: the record's entry that holds the checksum of its run's checkpoint
+CHECKPOINT_SHA256 = "checkpoint_sha256"
+#: what each entry of a record must be for the record to be read
+RECORD_SHAPE = {"task": str, "settings": dict, "metrics": dict, "wall_seconds": (int, float)}
+#: what to do about a damaged file, by the run it belongs to
+REDO_RECORD = "delete it to redo that run (from its checkpoint, if it kept one), or restore it from a copy"
+RETRAIN_UNFINISHED = "delete it to retrain that run from the start, or restore it from a copy"
+RETRAIN_FINISHED = "delete that run's folder to retrain it, or restore the file from a copy"
 
 
 class SettingsMismatch(ValueError):
     """A run asked for with other settings than the folder's run of the same name."""
 
 
-def setting_differences(recorded: Mapping[str, Any], asked: Mapping[str, Any]) -> list[str]:
-    """``name=recorded (asked for value)`` for every setting that differs; a setting the record
+def setting_differences(recorded: Mapping[str, Any], asked: Mapping[str, Any], other: str = "asked for") -> list[str]:
+    """``name=recorded (<other> value)`` for every setting that differs; a setting the record
     lacks (written before the setting existed) may have had any value, so it differs too."""
     differing = []
     for name, value in asked.items():
         if name not in recorded:
-            differing.append(f"{name}=not recorded (asked for {value!r})")
+            differing.append(f"{name}=not recorded ({other} {value!r})")
         elif not same_setting(recorded[name], value):
-            differing.append(f"{name}={recorded[name]!r} (asked for {value!r})")
+            differing.append(f"{name}={recorded[name]!r} ({other} {value!r})")
     return differing
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """The record in ``path``; :class:`~bam_pyro.training.DamagedFile` if it is not JSON of a
+    record's shape (cut short, overwritten, edited)."""
+    try:
+        record = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DamagedFile(path, f"not JSON: {error}", REDO_RECORD) from None
+    if not isinstance(record, dict):
+        raise DamagedFile(path, "not a record: not a JSON object", REDO_RECORD)
+    wrong = [key for key, kind in RECORD_SHAPE.items() if not isinstance(record.get(key), kind)]
+    if wrong:
+        raise DamagedFile(path, f"not a record: no valid {', '.join(wrong)}", REDO_RECORD)
+    return record
+
+
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
+def require_writable_folder(path: os.PathLike, option: str = "--out") -> None:
+    """Raise ``ValueError`` naming ``option`` unless ``path`` is a folder this process may write
+    in, or one it may create. Tried by writing (and removing) a file in the nearest existing
+    folder: permission bits do not tell (root ignores them), nor do read-only file systems."""
+    path = Path(path)
+    existing = next(p for p in (path, *path.parents) if p.exists())  # "." or "/" at the latest
+    if not existing.is_dir():
+        where = "is" if existing == path else f"is inside {existing}, which is"
+        raise ValueError(f"{option} {path} {where} a file, not a folder: choose a folder")
+    try:
+        handle, probe = tempfile.mkstemp(dir=existing, prefix=".write-test-")
+    except OSError as error:
+        raise ValueError(f"{option} {path}: cannot write in {existing} ({error.strerror}): choose another folder") from None
+    os.close(handle)
+    os.unlink(probe)
 
 
 def source_commit(root: os.PathLike = Path(__file__).resolve().parents[1]) -> Optional[str]:
@@ -96,11 +149,12 @@ class RunFolder:
 
     def record(self, name: str) -> Optional[dict[str, Any]]:
         path = self.run_dir(name) / RECORD
-        return json.loads(path.read_text()) if path.is_file() else None
+        return read_record(path) if path.is_file() else None
 
     def finished(self, name: str, task: str, settings: Mapping[str, Any]) -> bool:
         """Whether run ``name`` is finished; raises :class:`SettingsMismatch`, naming the
-        settings, if it was finished with other ones."""
+        settings, if it was finished with other ones, and ``DamagedFile`` if its record or kept
+        checkpoint is damaged."""
         record = self.record(name)
         if record is None:
             return False
@@ -110,7 +164,41 @@ class RunFolder:
         if differing:
             raise SettingsMismatch(f"{self.run_dir(name)} holds a finished run with other settings: "
                                    f"{'; '.join(differing)}. Choose another --out for the new settings.")
+        self.verify_checkpoint(name, record)
         return True
+
+    def verify_checkpoint(self, name: str, record: Mapping[str, Any]) -> None:
+        """The finished run's checkpoint, if it kept one, is the file its record was saved with:
+        its checksum, or for records older than checksums, a load."""
+        path = self.run_dir(name) / CHECKPOINT
+        if not path.is_file():
+            return
+        expected = record.get(CHECKPOINT_SHA256)
+        if expected is None:
+            self.finished_checkpoint(name, mmap=True)
+        elif file_sha256(path) != expected:
+            raise DamagedFile(path, "its checksum differs from the one in its run's record", RETRAIN_FINISHED)
+
+    def finished_checkpoint(self, name: str, mmap: bool = False) -> dict[str, Any]:
+        """The checkpoint of finished run ``name``, read (see :meth:`verify_checkpoint` first)."""
+        path = self.run_dir(name) / CHECKPOINT
+        try:
+            return read_checkpoint(path, mmap=mmap)
+        except DamagedFile as error:
+            raise DamagedFile(path, error.reason, RETRAIN_FINISHED) from None
+
+    def require_resumable(self, name: str, settings: Mapping[str, Any]) -> None:
+        """An unfinished run's checkpoint, if there is one, can be read and was written with
+        ``settings`` (else ``DamagedFile`` or ``ValueError``, naming it): checked before any
+        data load, by reading its plain values (memory-mapped)."""
+        path = self.run_dir(name) / CHECKPOINT
+        if not path.is_file():
+            return
+        try:
+            state = read_checkpoint(path, mmap=True)
+        except DamagedFile as error:
+            raise DamagedFile(path, error.reason, RETRAIN_UNFINISHED) from None
+        require_same_metadata(path, state["metadata"], dict(settings))
 
     @contextmanager
     def claimed(self, name: str) -> Iterator[bool]:
@@ -151,9 +239,13 @@ class RunFolder:
         return pid
 
     def save(self, name: str, record: Mapping[str, Any]) -> Path:
-        """Write a run's record atomically (a reader never sees half a file)."""
+        """Write a run's record atomically (a reader never sees half a file), with the checksum
+        of the run's checkpoint if it has one (final now that the run is)."""
         path = self.run_dir(name) / RECORD
         path.parent.mkdir(parents=True, exist_ok=True)
+        checkpoint = path.with_name(CHECKPOINT)
+        if checkpoint.is_file():
+            record = {**record, CHECKPOINT_SHA256: file_sha256(checkpoint)}
         partial = path.with_name(f".{RECORD}.{os.getpid()}")
         partial.write_text(json.dumps(record, indent=1, default=_plain))
         os.replace(partial, path)
@@ -161,7 +253,7 @@ class RunFolder:
 
     def records(self) -> list[dict[str, Any]]:
         """Every finished run's record, with its run's name (``run``)."""
-        return [{**json.loads(p.read_text()), "run": p.parent.name} for p in sorted(self.out.glob(f"runs/*/{RECORD}"))]
+        return [{**read_record(p), "run": p.parent.name} for p in sorted(self.out.glob(f"runs/*/{RECORD}"))]
 
     def write_results(self) -> pd.DataFrame:
         """``results.csv`` rebuilt from every record in the folder (under a lock, so that of two

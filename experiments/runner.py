@@ -16,9 +16,12 @@ for every task:
   interval, the paper's figures beside ours) as Markdown and CSV, and the paired-runs picture;
 - a finished run loaded back (:func:`load_trained`): its settings from the record, its kept
   epoch's parameters from the checkpoint, for analyses after the sweep;
-- user errors (an invalid setting, a missing data file, a finished run with other settings) end
-  the command with one line and status 2, as argparse does, before any work; bugs keep their
-  traceback.
+- user errors (an invalid setting, a missing data file, a finished run with other settings, a
+  damaged record or checkpoint, an output folder that cannot be written) end the command with one
+  line and status 2, as argparse does, before any work; bugs keep their traceback. Every check
+  that needs no data runs before the data load: the options, the output folder, the folder's
+  records and the checkpoints of the runs asked for (finished: their checksums; unfinished:
+  readable and of the same settings).
 """
 
 from __future__ import annotations
@@ -39,9 +42,10 @@ from analysis.plots import paired_runs
 from analysis.tables import paired_difference, summarize
 from bam_pyro import VARIANTS, BamConfig, ObjectiveConfig
 from bam_pyro.config import GammaShape, PriorScope, Reduction
-from bam_pyro.training import FitResult, SVITrainer, metadata_differences, read_checkpoint
+from bam_pyro.training import FitResult, SVITrainer, metadata_differences
 
-from .records import CHECKPOINT, RECORD, RunFolder, SettingsMismatch, new_record, setting_differences
+from .records import (CHECKPOINT, RECORD, RunFolder, SettingsMismatch, new_record, require_writable_folder,
+                      setting_differences)
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,8 @@ class Task:
     ``tables``: replaces the default table (results -> named tables). ``after_sweep``: draws
     task figures from the results into the output folder. ``build(settings, data)``: the untrained
     model of a run, which :func:`load_trained` fills with a finished run's parameters.
+    ``data_source``: where the data come from if not from a data root (e.g. an installed
+    package): ``--data-root`` is then refused, rather than silently ignored.
     """
 
     name: str
@@ -179,6 +185,7 @@ class Task:
     after_sweep: Optional[Callable[[pd.DataFrame, Path], None]] = None
     build: Optional[Callable[[Any, Any], torch.nn.Module]] = None
     description: str = ""
+    data_source: Optional[str] = None
 
     def metrics_of(self, panel: str) -> list[str]:
         return list(self.metrics(panel) if callable(self.metrics) else self.metrics)
@@ -251,7 +258,8 @@ def build_parser(task: Task) -> tuple[argparse.ArgumentParser, list[str]]:
     parser.add_argument("--variant", nargs="+", choices=list(task.variants), default=list(task.default_variants))
     parser.add_argument("--seeds", nargs="+", type=whole_number(0), default=[0])
     parser.add_argument("--out", default=f"runs/{task.name}", help="output folder (runs/, results.csv, tables, figures)")
-    parser.add_argument("--data-root", default=None, help="data root (default: $BAM_DATA, ../shared/data, or a download cache)")
+    parser.add_argument("--data-root", default=None, help=f"not read: the data come from {task.data_source}" if task.data_source
+                        else "data root (default: $BAM_DATA, ../shared/data, or a download cache)")
     parser.add_argument("--threads", type=whole_number(1), default=min(2, os.cpu_count() or 1), help="torch CPU threads")
     parser.add_argument("--checkpoint-minutes", type=float, default=3.0,
                         help="also checkpoint inside an epoch once this many minutes have passed (0: after every step)")
@@ -268,6 +276,9 @@ def run_cli(task: Task, argv: Optional[Sequence[str]] = None) -> dict[str, pd.Da
     try:
         if args.checkpoint_minutes < 0:
             raise ValueError(f"--checkpoint-minutes must be >= 0, got {args.checkpoint_minutes}")
+        if args.data_root is not None and task.data_source:
+            raise ValueError(f"--data-root is not read by {task.name}: its data come from {task.data_source}")
+        require_writable_folder(args.out)
         plan = plan_sweep(task, args.panels, args.variant, args.seeds, {n: getattr(args, n) for n in names}, RunFolder(args.out))
     except (ValueError, TypeError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
@@ -292,13 +303,17 @@ def require_agreement(results: pd.DataFrame, task: Task, settings: Sequence[str]
 def plan_sweep(task: Task, panels: Sequence[str], variants: Sequence[str], seeds: Sequence[int],
                overrides: Mapping[str, Any], folder: RunFolder) -> dict[str, list[RunSettings]]:
     """Every run's settings, per panel, with those already finished left out. A finished run of
-    the same name with other settings raises :class:`~experiments.records.SettingsMismatch`; a
-    run that would not agree with the folder's finished runs (:func:`require_agreement`: another
-    seed of the same variant trained otherwise) raises ``ValueError``."""
+    the same name with other settings raises :class:`~experiments.records.SettingsMismatch`, and
+    an unfinished one whose checkpoint holds other settings ``ValueError``; a damaged record or
+    checkpoint raises ``DamagedFile``; a run that would not agree with the folder's finished runs
+    (:func:`require_agreement`: another seed of the same variant trained otherwise) raises
+    ``ValueError``."""
     plan, asked = {}, []
     for panel in panels:
         runs = [task.settings_for(panel, v, s, overrides) for s in seeds for v in variants]  # paired by seed
         plan[panel] = [r for r in runs if not folder.finished(task.run_name(r), task.name, r.row())]
+        for settings in plan[panel]:
+            folder.require_resumable(task.run_name(settings), settings.row())
         asked += [r.row() for r in plan[panel]]
     if asked:
         finished = [r["settings"] for r in folder.records() if r["task"] == task.name]
@@ -367,7 +382,8 @@ def load_trained(task: Task, run_dir: os.PathLike, data_root: Optional[str] = No
     run_dir = Path(run_dir)
     if task.build is None:
         raise ValueError(f"task {task.name!r} declares no build(settings, data): its models cannot be rebuilt")
-    record = RunFolder(run_dir.parent.parent).record(run_dir.name)
+    folder = RunFolder(run_dir.parent.parent)
+    record = folder.record(run_dir.name)
     if record is None:
         state = "an unfinished run (it has a checkpoint)" if (run_dir / CHECKPOINT).is_file() else "not a run folder"
         raise ValueError(f"{run_dir}: no {RECORD}, {state}; pass the folder of a finished run, <out>/runs/<run>")
@@ -380,7 +396,8 @@ def load_trained(task: Task, run_dir: os.PathLike, data_root: Optional[str] = No
     settings = task.settings(**record["settings"])
     if not (run_dir / CHECKPOINT).is_file():
         raise ValueError(f"{run_dir}: no {CHECKPOINT} (deleted?): the trained parameters are gone")
-    checkpoint = read_checkpoint(run_dir / CHECKPOINT)
+    folder.verify_checkpoint(run_dir.name, record)
+    checkpoint = folder.finished_checkpoint(run_dir.name)
     differing = metadata_differences(checkpoint["metadata"], settings.row())
     if differing:
         raise ValueError(f"{run_dir}: its checkpoint was written with other settings than its record: {'; '.join(differing)}")

@@ -6,11 +6,14 @@ A run is ``finished`` (its record is written), ``training`` (a live process hold
 pid is shown), ``scoring`` (held, its training over by ``max_epochs`` or early stopping, its scores
 and record to come), ``paused`` (a checkpoint and no process: the sweep's command resumes it; ``paused
 (to score)`` once its training is over) or ``not started`` (a folder, no checkpoint and no process: a
-run killed before its first checkpoint starts over). For the unfinished ones: the epoch and step reached,
+run killed before its first checkpoint starts over), or ``damaged`` (its record or checkpoint cannot be
+read back, or a finished run's checkpoint is not the one its record was saved with: the row names
+the file and the reason, and the other runs are shown as usual). For the unfinished ones: the epoch and step reached,
 the hours trained, the monitored metric's last values, the best epoch, and the epochs and hours
 left: at most up to ``max_epochs``; at least until early stopping could end it (``patience`` epochs
 without improvement, counted from the warm-up's end), at the run's mean time per epoch so far.
-Reads checkpoints without loading their tensors (memory-mapped), and takes no lock.
+Reads unfinished runs' checkpoints without loading their tensors (memory-mapped), finished runs'
+once to check their checksum, and takes no lock.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import pandas as pd
-import torch
 
+from bam_pyro.training import DamagedFile, read_checkpoint
 from experiments.records import CHECKPOINT, RECORD, RunFolder
 
 
@@ -54,6 +57,7 @@ def run_status(folder: RunFolder, name: str) -> dict[str, Any]:
     row: dict[str, Any] = {"folder": str(folder.out), "run": name}
     record = folder.record(name)
     if record is not None:
+        folder.verify_checkpoint(name, record)
         training = record.get("training") or {}
         seconds = training.get("seconds", record["wall_seconds"])  # the training clock, as for unfinished runs
         return {**row, "state": "finished", "epoch": training.get("epochs"), "best epoch": training.get("best_epoch"),
@@ -62,7 +66,7 @@ def run_status(folder: RunFolder, name: str) -> dict[str, Any]:
     checkpoint = folder.run_dir(name) / CHECKPOINT
     if not checkpoint.is_file():
         return {**row, "state": f"training (pid {pid})" if pid else "not started"}
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+    state = read_checkpoint(checkpoint, mmap=True)
     stopping = state.get("early_stopping") or {}
     monitors = list(stopping.get("monitors") or {})
     done = epochs_done(state)
@@ -88,6 +92,14 @@ def run_status(folder: RunFolder, name: str) -> dict[str, Any]:
     return row
 
 
+def _checked_status(folder: RunFolder, name: str) -> dict[str, Any]:
+    """:func:`run_status`, or a ``damaged`` row naming the file and the reason."""
+    try:
+        return run_status(folder, name)
+    except DamagedFile as error:
+        return {"folder": str(folder.out), "run": name, "state": f"damaged: {error.path.name} ({error.reason})"}
+
+
 def _span(low: Optional[float], high: Optional[float], form: str) -> str:
     if low is None and high is None:
         return "?"
@@ -104,7 +116,7 @@ def sweep_status(folders: Sequence[Path]) -> pd.DataFrame:
         names = sorted(p.name for p in (folder.out / "runs").glob("*") if p.is_dir())
         if not names:
             raise FileNotFoundError(f"no runs in {out} (no runs/*/): not an output folder?")
-        rows += [run_status(folder, name) for name in names]
+        rows += [_checked_status(folder, name) for name in names]
     table = pd.DataFrame(rows, dtype=object)  # object: whole numbers stay whole beside empty cells
     first = [c for c in ("folder", "run", "state", "epoch", "step", "best epoch", "hours") if c in table]
     last = [c for c in ("epochs left", "hours left") if c in table]

@@ -23,7 +23,7 @@ fixed fifth of the training images) and scores the kept model on the test set:
 
 The tables follow the paper's Table 2 (accuracy and PAvPU, original and noisy, paired differences to
 soft) and Table 7 (per answer type); ``figures/noise-sweep.png`` draws the sweep.
-easy-VQA's data ship inside its pip package, so ``--data-root`` is not read.
+easy-VQA's data ship inside its pip package, so ``--data-root`` is refused.
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ TASK = Task(
     metrics=("test_acc", "noisy_acc", f"clean.full.pavpu@{PAVPU_HEADLINE:g}", f"noisy.full.pavpu@{PAVPU_HEADLINE:g}"),
     presets=presets, variants=("soft", "lf", "lc", "wf", "wc"), tables=tables,
     after_sweep=lambda results, out: noise_sweep_figure(results, out / "figures" / "noise-sweep.png"),
-    build=build_model, description=__doc__.split("\n\n")[0],
+    build=build_model, description=__doc__.split("\n\n")[0], data_source="the easy-vqa package",
 )
 
 

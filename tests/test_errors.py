@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from bam_pyro import BamConfig, DenseKeys, MultiHeadBayesianAttention, ObjectiveConfig
+from bam_pyro import (AttentionGuide, BamConfig, BayesianAttention, DenseKeys, MultiHeadBayesianAttention, ObjectiveConfig,
+                      attention_sites)
 from bam_pyro.pyg import EdgeKeys
 from experiments.data_root import require_files
 from experiments.bench import main as bench_main
@@ -12,6 +13,7 @@ from experiments.gat import main as gat_main
 from experiments.glue import TASK as GLUE
 from experiments.planetoid import load_planetoid
 from bam_pyro.pyg import validate_graph
+from bam_pyro.training import DamagedFile, read_checkpoint
 from bam_pyro.transformers import resolve_pretrained
 
 from .conftest import random_graph
@@ -150,3 +152,72 @@ def test_planetoid_nan_is_named_at_its_raw_node_and_a_fixed_file_is_read_again(t
     allx.write_bytes(original)  # fixed: the processed copy of the broken file must not be used
     data, _, _ = load_planetoid("cora", tmp_path / "root")
     assert torch.isfinite(data.x).all()
+
+
+def test_attention_constructors_name_bad_arguments():
+    with pytest.raises(ValueError, match="num_heads must be a whole number >= 1, got 0"):
+        MultiHeadBayesianAttention(32, 0, BamConfig("wc"))
+    with pytest.raises(ValueError, match="d_model must be a whole number >= 1, got 0"):
+        MultiHeadBayesianAttention(0, 4, BamConfig("wc"))
+    for build in (lambda: MultiHeadBayesianAttention(32, 4, "wc"), lambda: BayesianAttention("wc", 4, 8)):
+        with pytest.raises(TypeError, match="config must be a BamConfig \\(e.g. BamConfig\\('wc'\\)\\), got 'wc'"):
+            build()
+
+
+def test_a_mask_that_does_not_broadcast_names_both_shapes():
+    attn = MultiHeadBayesianAttention(8, 2, BamConfig("wc"))
+    x = torch.randn(2, 4, 8)
+    with pytest.raises(ValueError, match=r"key_padding_mask of shape \(3, 4\) does not broadcast to key's batch \(2,\)"):
+        attn(x, x, x, key_padding_mask=torch.ones(3, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"query_padding_mask of shape \(3, 4\) does not broadcast to query's batch \(2,\)"):
+        attn(x, x, x, query_padding_mask=torch.ones(3, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"attention mask of shape \(3, 1, 1, 4\) does not broadcast to the batch \(2,\)"):
+        DenseKeys(torch.ones(3, 1, 1, 4, dtype=torch.bool), batch_shape=torch.Size([2]))
+    with pytest.raises(ValueError, match=r"attention mask of shape \(3, 1, 1, 4\) and query_mask of shape \(2, 1, 4, 1\)"):
+        DenseKeys(torch.ones(3, 1, 1, 4, dtype=torch.bool), query_mask=torch.ones(2, 1, 4, 1, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("variant", ["soft", "wc", "lf"])
+def test_a_query_with_every_key_masked_gets_zero_weights_and_no_kl(variant):
+    """Sentence 1 has no valid key: its rows are all zero (no weight on padding) in the point
+    prediction, in a draw and at the model's site, its gradients finite, and the site's KL is
+    sentence 0's alone."""
+    layer = MultiHeadBayesianAttention(8, 2, BamConfig(variant))
+    x = torch.randn(2, 4, 8)
+    valid = torch.tensor([[True, True, True, False], [False] * 4])
+    for training in (False, True):
+        out, weights = layer.train(training)(x, x, x, key_padding_mask=valid)
+        assert torch.all(weights[1] == 0) and torch.allclose(weights[0].sum(-1), torch.ones(2, 4))
+    out.pow(2).sum().backward()  # and the gradients stay finite
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)
+    if variant == "soft":
+        return
+
+    def site(inputs, keys_valid):
+        found = {}
+
+        def model():
+            with attention_sites():
+                found["weights"] = layer(inputs, inputs, inputs, key_padding_mask=keys_valid)[1]
+
+        guide = AttentionGuide(model)
+        guide()
+        model_trace, guide_trace = guide.get_traces()
+        kl = torch.distributions.kl_divergence(guide_trace.nodes["attention"]["fn"], model_trace.nodes["attention"]["fn"])
+        return kl.item(), found["weights"]
+
+    kl, weights = site(x, valid)
+    assert torch.all(weights[1] == 0) and torch.allclose(weights[0].sum(-1), torch.ones(2, 4))
+    assert kl == pytest.approx(site(x[:1], valid[:1])[0], rel=1e-5)
+
+
+def test_a_file_that_is_not_a_checkpoint_is_named_as_damaged(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"model": {}, "metadata": {}}, path)  # a torch file, not a whole checkpoint
+    contents = {b"": "an empty file", b"PK\x03\x04 cut": "not a readable checkpoint",
+                path.read_bytes(): "not a checkpoint of SVITrainer: no optimizer, epoch, history"}
+    for content, reason in contents.items():
+        path.write_bytes(content)
+        with pytest.raises(DamagedFile, match=f"{path} is damaged \\({reason}.*\\): delete it") as error:
+            read_checkpoint(path)
+        assert "\n" not in str(error.value)

@@ -18,7 +18,7 @@ from experiments.multi30k import BOS, EOS, EncodedSplit, ParallelBatch, make_bat
 from experiments import nmt_uncertainty
 from experiments.nmt_uncertainty import alignment_draws
 from bam_pyro.alignment import ALIGNMENT, guide_for, masked_scores
-from experiments.records import CHECKPOINT, RECORD
+from experiments.records import CHECKPOINT, CHECKPOINT_SHA256, RECORD, file_sha256
 from experiments.runner import RunContext, load_trained
 from models.decoding import beam_hypotheses
 from models.nmt import DecoderOutputs, DecoderState, Memory
@@ -311,6 +311,7 @@ def test_a_finished_run_loads_back_as_it_was_scored(finished_runs, toy_root, tmp
     checkpoint = torch.load(copy / CHECKPOINT, weights_only=True)
     checkpoint["model"] = {name: torch.zeros_like(value) for name, value in checkpoint["model"].items()}
     torch.save(checkpoint, copy / CHECKPOINT)
+    (copy / RECORD).write_text(json.dumps({**record, CHECKPOINT_SHA256: file_sha256(copy / CHECKPOINT)}))  # changed on purpose
     again = load_trained(nmt.TASK, copy, str(toy_root))
     assert nmt.perplexity(again.model, again.data.val, 16) == pytest.approx(val_ppl, rel=1e-6)
 

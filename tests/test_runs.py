@@ -223,6 +223,14 @@ def test_collect_merges_folders_later_folder_wins_and_refuses_mixed_settings(tmp
     table = collect_main([second, other_k, "--compare", "--out", str(tmp_path / "cmp")])["compare"]
     assert list(table.columns)[:3] == ["dataset", "variant", "k"] and len(table) == 3
 
+    rerun = _gat_folder(tmp_path / "rerun", [("wc", 0, {"k": 10.0}, 90.0), ("wc", 1, {"k": 10.0}, 91.0)])
+    with pytest.raises(SystemExit):  # the same runs with other settings: which to show is the user's to say
+        collect_main([second, rerun, "--out", str(tmp_path / "x")])
+    assert "run cora-wc-seed0 is in" in capsys.readouterr().err
+    collect_main([second, rerun, "--later-wins", "--out", str(tmp_path / "rerun-paired")])
+    merged = pd.read_csv(tmp_path / "rerun-paired" / "results.csv").query("variant == 'wc'")
+    assert merged.k.tolist() == [10.0, 10.0] and merged.test_acc.tolist() == [90.0, 91.0]
+
 
 def test_collect_names_a_folder_without_runs(tmp_path, capsys):
     with pytest.raises(SystemExit):

@@ -98,3 +98,25 @@ def test_status_of_a_folder_without_runs_is_one_line(tmp_path, capsys):
         status_main([str(tmp_path)])
     error = capsys.readouterr().err
     assert stop.value.code == 2 and error.count("\n") == 1 and "no runs in" in error
+
+
+def test_a_damaged_file_is_reported_as_damaged_and_the_other_runs_as_usual(tmp_path, capsys):
+    folder = RunFolder(tmp_path)
+    interrupted_run(folder, "toy-wc-seed0", [1.0], EarlyStopping({"val_loss": "min"}, patience=2))  # healthy, paused
+    interrupted_run(folder, "toy-wc-seed1", [1.0], EarlyStopping({"val_loss": "min"}, patience=2))
+    checkpoint = folder.run_dir("toy-wc-seed1") / CHECKPOINT
+    checkpoint.write_bytes(checkpoint.read_bytes()[:100])  # cut short
+    interrupted_run(folder, "toy-wc-seed2", [1.0, 2.0], EarlyStopping({"val_loss": "min"}, patience=1), interrupted=False)
+    folder.save("toy-wc-seed2", new_record("toy", {"seed": 2}, {}, None, 1.0))  # finished, its checkpoint's checksum kept
+    kept = bytearray((folder.run_dir("toy-wc-seed2") / CHECKPOINT).read_bytes())
+    kept[len(kept) // 2] ^= 0xFF  # one changed byte among the parameters: loading would not notice
+    (folder.run_dir("toy-wc-seed2") / CHECKPOINT).write_bytes(bytes(kept))
+    folder.save("toy-wc-seed3", new_record("toy", {"seed": 3}, {}, None, 1.0))
+    (folder.run_dir("toy-wc-seed3") / "record.json").write_text('{"task": "toy", "sett')
+
+    states = status_main([str(folder.out)]).set_index("run")["state"]
+    assert states["toy-wc-seed0"] == "paused"
+    assert states["toy-wc-seed1"].startswith("damaged: checkpoint.pt (not a readable checkpoint")
+    assert states["toy-wc-seed2"] == "damaged: checkpoint.pt (its checksum differs from the one in its run's record)"
+    assert states["toy-wc-seed3"].startswith("damaged: record.json (not JSON")
+    assert "Traceback" not in capsys.readouterr().err
