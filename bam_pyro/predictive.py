@@ -33,7 +33,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro.infer import Predictive
-from pyro.infer.predictive import _predictive_vectorize_plate_name
+from pyro.infer.predictive import _predictive_vectorize_plate_name  # private: how to find Predictive's plate (tests/test_private_names.py)
 from pyro.poutine.runtime import get_plates
 from torch import Tensor
 

@@ -11,7 +11,7 @@ import pyro.distributions as dist
 from pyro import poutine
 from pyro.poutine.enum_messenger import EnumMessenger
 from pyro.poutine.guide import GuideMessenger
-from pyro.poutine.runtime import _PYRO_STACK
+from pyro.poutine.runtime import _PYRO_STACK  # private: Pyro has no public way to ask whether enumeration is on (tests/test_private_names.py)
 from torch import Tensor
 
 from ..validation import whole_number

@@ -78,10 +78,9 @@ def attach_bayesian_attention(model: PreTrainedModel, config: BamConfig) -> None
             found += 1
     if not found:
         raise ValueError(f"found no attention module in {type(model).__name__} (none has 'scaling' and a head layout)")
-    for layer in model.modules():
+    for layer in model.modules():  # a model is converted once (to_bam refuses a second time), so is each layer hooked
         if isinstance(layer, GradientCheckpointingLayer) and any(isinstance(m, BayesianAttention) for m in layer.modules()):
-            if replay_bayesian_checkpoints not in layer._forward_pre_hooks.values():
-                layer.register_forward_pre_hook(replay_bayesian_checkpoints)
+            layer.register_forward_pre_hook(replay_bayesian_checkpoints)
     model.config.bam = dataclasses.asdict(config)
 
 
@@ -156,6 +155,7 @@ def from_pretrained(pretrained: str | os.PathLike, model_class: Optional[type] =
             raise ValueError(f"{pretrained} does not say which class it was saved from; pass model_class")
         model_class = getattr(transformers, config.architectures[0])
     if not issubclass(model_class, PreTrainedModel):  # an auto class: the class it maps this config to
+        # private: transformers has no public lookup of an auto class's model class (tests/test_private_names.py)
         model_class = model_class._model_mapping[type(config)]
     model = _loading_class(model_class).from_pretrained(pretrained, attn_implementation=ATTN_IMPLEMENTATION, **kwargs)
     model.__class__ = model_class  # the loading subclass only served the construction
