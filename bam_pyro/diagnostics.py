@@ -35,6 +35,7 @@ import torch
 from .model import BamModel
 from .optional import require
 from .predictive import predictive_draws, softmax_probs
+from .validation import whole_number
 
 az = require("arviz", "bam_pyro.diagnostics")
 pd = require("pandas", "bam_pyro.diagnostics")
@@ -167,8 +168,7 @@ def attention_summary(idata: az.InferenceData, hdi_prob: float = 0.94) -> pd.Dat
 def chain_seeds(seed: int, chains: int) -> list[int]:
     """The seeds of the ``chains`` independent chains of a run seeded ``seed``: chain c uses
     ``seed + c``. One rule for every task, so a run's diagnostics are reproduced from its seed."""
-    if chains < 1:
-        raise ValueError(f"chains must be at least 1, got {chains}")
+    whole_number("chains", chains)
     return [seed + chain for chain in range(chains)]
 
 

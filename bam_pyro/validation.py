@@ -35,6 +35,6 @@ def positive(name: str, value: Any, minimum: float = 0.0, strict: bool = True, o
 def whole_number(name: str, value: Any, minimum: int = 1, optional: bool = False) -> None:
     """An integer (not a bool, not a float that happens to be whole) >= ``minimum``; with
     ``optional`` also None."""
-    expected = "a positive integer" if minimum == 1 else f"a whole number >= {minimum}"
+    expected = f"a whole number >= {minimum}"
     ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
     require(ok or (optional and value is None), name, value, f"None or {expected}" if optional else expected)

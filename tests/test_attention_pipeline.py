@@ -33,7 +33,7 @@ def random_numbers() -> tuple:
 
 def test_chain_c_is_seeded_with_the_run_seed_plus_c_and_the_callers_rng_goes_on_untouched():
     assert chain_seeds(SEED, 3) == [7, 8, 9]
-    with pytest.raises(ValueError, match="chains must be at least 1"):
+    with pytest.raises(ValueError, match="chains must be a whole number >= 1"):
         chain_seeds(SEED, 0)
     pyro.set_rng_seed(0)
     chains = seeded_chains(random_numbers, SEED, chains=3)

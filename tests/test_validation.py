@@ -25,9 +25,9 @@ def test_whole_numbers_are_integers_not_bools_nor_whole_floats():
     whole_number("warm_steps", 0, minimum=0)
     whole_number("top_k", None, optional=True)
     for value in (0, 2.0, True, None):
-        with pytest.raises(ValueError, match=r"^layers must be a positive integer, got"):
+        with pytest.raises(ValueError, match=r"^layers must be a whole number >= 1, got"):
             whole_number("layers", value)
     with pytest.raises(ValueError, match=r"^warm_steps must be a whole number >= 0, got -1"):
         whole_number("warm_steps", -1, minimum=0)
-    with pytest.raises(ValueError, match=r"^top_k must be None or a positive integer, got 0"):
+    with pytest.raises(ValueError, match=r"^top_k must be None or a whole number >= 1, got 0"):
         whole_number("top_k", 0, optional=True)
