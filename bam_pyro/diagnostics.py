@@ -230,7 +230,7 @@ class AttentionDiagnostics:
 
     @classmethod
     def of(cls, posterior: Sequence[Chain], prior: Optional[Sequence[Chain]] = None, queries: Optional[Sequence] = None,
-           key_node: Optional[np.ndarray] = None) -> "AttentionDiagnostics":
+           key_node: Optional[np.ndarray] = None) -> AttentionDiagnostics:
         """See :func:`attention_inference_data` for the arguments."""
         idata = attention_inference_data(posterior, queries=queries, key_node=key_node, prior_chains=prior)
         return cls(idata, attention_summary(idata))
@@ -238,10 +238,10 @@ class AttentionDiagnostics:
     def info(self) -> dict[str, Any]:
         """Chains, draws per chain, the entries summarized and excluded, the worst ESS and R-hat."""
         attention = self.idata.posterior["attention"]
-        return dict(chains=int(attention.sizes["chain"]), draws=int(attention.sizes["draw"]),
-                    queries=[_plain(q) for q in attention.coords["query"].values], entries=len(self.summary),
-                    constant_entries=self.summary.attrs["constant_entries"],
-                    ess_bulk_min=float(self.summary["ess_bulk"].min()), r_hat_max=float(self.summary["r_hat"].max()))
+        return {"chains": int(attention.sizes["chain"]), "draws": int(attention.sizes["draw"]),
+                "queries": [_plain(q) for q in attention.coords["query"].values], "entries": len(self.summary),
+                "constant_entries": self.summary.attrs["constant_entries"],
+                "ess_bulk_min": float(self.summary["ess_bulk"].min()), "r_hat_max": float(self.summary["r_hat"].max())}
 
     def write(self, folder: Path, **details: Any) -> dict[str, Path]:
         """``attention.nc`` (the ArviZ data), ``attention-summary.csv`` and

@@ -90,6 +90,6 @@ def test_translation_diagnostics_draw_through_the_pipeline(seeds_used, variant):
         model = build_alignment_model(variant).eval()
     batch = make_batch([np.array([4, 5, 6]), np.array([7, 8])], [np.array([5, 6]), np.array([4, 7, 8])])
     posterior, prior = posterior_chains(model, batch, draws=3, seed=SEED, chains=2)
-    assert seeds_used == [[7, 8]]
+    assert seeds_used == [[7, 8]] and len(posterior) == len(prior) == 2
     again, _ = posterior_chains(model, batch, draws=3, seed=SEED + 1, chains=1)
     np.testing.assert_array_equal(again[0][SITE], posterior[1][SITE])  # chain 1 of seed 7 is chain 0 of seed 8
