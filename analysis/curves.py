@@ -1,11 +1,11 @@
 """Training curves from run records: which epoch early stopping kept, and what the run reached.
 
-``python -m analysis.curves FOLDER... --out DIR`` reads every run record in the output folders
-(``runs/*/record.json``: the per-epoch history and the early-stopping record) and writes
-``curves.csv``, one row per run with the kept epoch's validation metrics next to the best each
-metric reached in the run, ``summary.md`` with their medians per run group (the runs of one panel
-and variant), and ``curves.png``, the validation curves with the kept epochs marked (a panel per
-run group, or with ``--overlay`` all groups on one axis).
+:func:`curves_report` takes run records (the per-epoch history and the early-stopping record of
+each) and writes ``curves.csv``, one row per run with the kept epoch's validation metrics next to
+the best each metric reached in the run, ``summary.md`` with their medians per run group (the runs
+of one panel and variant), and ``curves.png``, the validation curves with the kept epochs marked
+(a panel per run group, or with ``overlay`` all groups on one axis). ``python -m
+experiments.curves`` reads the records of output folders and calls it.
 
 GAT's rule keeps the last epoch that improves validation loss and accuracy together; an accuracy
 peak early in training, while the loss is still falling, can be that epoch. This shows how far
@@ -14,7 +14,6 @@ the kept model's loss (its confidence) is from the run's best.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -25,8 +24,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 import pandas as pd  # noqa: E402
-
-from experiments.records import read_folders  # noqa: E402
 
 from .plots import save_figure  # noqa: E402
 
@@ -139,25 +136,15 @@ def curves_figure(run_records: Sequence[dict], overlay: bool = False) -> Figure:
     return fig
 
 
-def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
-    parser = argparse.ArgumentParser(prog="python -m analysis.curves", description=__doc__.split("\n\n")[0])
-    parser.add_argument("folders", nargs="+", type=Path, help="output folders of task scripts (each with runs/*/record.json)")
-    parser.add_argument("--out", type=Path, required=True, help="folder for curves.csv, summary.md, curves.png")
-    parser.add_argument("--overlay", action="store_true", help="all run groups on one axis per metric, a colour each")
-    args = parser.parse_args(argv)
-    runs = [r for r in read_folders(args.folders) if r.get("training")]
-    for record in runs:
-        record["run"] = f"{record['folder']}/{record['run']}" if len(args.folders) > 1 else record["run"]
-    table = pd.DataFrame([kept_versus_best(*run_curve(r)) for r in runs])
-    args.out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.out / "curves.csv", index=False)
+def curves_report(run_records: Sequence[dict], out: Path, overlay: bool = False) -> pd.DataFrame:
+    """Write ``curves.csv``, ``summary.md`` and ``curves.png`` of the runs (their records, each
+    with a training history) into ``out`` (see module doc); returns the per-run table."""
+    table = pd.DataFrame([kept_versus_best(*run_curve(r)) for r in run_records])
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "curves.csv", index=False)
     summary = table.drop(columns="run").groupby("group", sort=False).median().round(3).add_prefix("median ")
     summary.insert(0, "runs", table.groupby("group", sort=False).size())
-    (args.out / "summary.md").write_text(summary.to_markdown() + "\n")
-    training_curves(runs, args.out / "curves.png", overlay=args.overlay)
+    (out / "summary.md").write_text(summary.to_markdown() + "\n")
+    training_curves(run_records, out / "curves.png", overlay=overlay)
     print(summary.to_markdown())
     return table
-
-
-if __name__ == "__main__":
-    main()

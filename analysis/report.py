@@ -43,7 +43,7 @@ def _diagnostics(run: Path) -> list[str]:
         info = json.loads(info_file.read_text())
         lines += [
             f"### {name}", "",
-            f"Nodes {info['nodes']}, {info['chains']} chains (independent seeds) x {info['draws']} draws. "
+            f"Queries (nodes, questions or target steps) {info['queries']}, {info['chains']} independent chains (chain c seeded with the run's seed + c) x {info['draws']} draws. "
             f"{info['entries']} attention entries summarized; {info['constant_entries']} constant entries "
             f"excluded (R-hat undefined). Smallest bulk ESS {info['ess_bulk_min']:.0f}, largest R-hat "
             f"{info['r_hat_max']:.3f}. The draws are independent (amortized variational posterior), so "
@@ -54,7 +54,7 @@ def _diagnostics(run: Path) -> list[str]:
         if summary_file.exists():
             summary = pd.read_csv(summary_file)
             first = summary[summary["query"] == summary["query"].iloc[0]].head(12)
-            lines += [f"First rows of `{summary_file.name}` (node {first['query'].iloc[0]}):", "", first.to_markdown(index=False, floatfmt=".3f"), ""]
+            lines += [f"First rows of `{summary_file.name}` (query {first['query'].iloc[0]}):", "", first.to_markdown(index=False, floatfmt=".3f"), ""]
     return lines
 
 

@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Optional, get_args
 
+from .validation import is_number, positive, require, whole_number
+
 Variant = Literal["soft", "nokl", "lf", "lc", "wf", "wc"]
 Family = Literal["weibull", "lognormal"]
 PriorKind = Literal["fixed", "contextual"]
@@ -34,14 +36,6 @@ VARIANTS: dict[str, tuple[Optional[Family], Optional[PriorKind]]] = {
 #: around ``exp(-sigma_q^2/2)``, which from about 13 on underflows to 0 in float32 (the weights
 #: turn uniform and lose their gradient). The prior's sigma_p has no bound: only the KL reads it.
 MAX_SIGMA_Q = 10.0
-
-
-def require_positive(name: str, value: float) -> None:
-    """A finite number > 0, or an error that names the setting."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -94,20 +88,18 @@ class BamConfig:
                 f"unknown BAM variant {self.variant!r}; expected one of {sorted(VARIANTS)}"
             )
         for name in ("k", "sigma_q", "sigma_p", "beta", "alpha"):
-            require_positive(name, getattr(self, name))
+            positive(name, getattr(self, name))
         if self.sigma_q > MAX_SIGMA_Q:
             raise ValueError(
                 f"sigma_q must be <= {MAX_SIGMA_Q}, got {self.sigma_q!r}: q's samples "
                 "exp(Phi - sigma_q^2/2 + sigma_q * eps) underflow to 0 beyond it (uniform weights, no gradient)"
             )
-        if not isinstance(self.mu_p, (int, float)) or not math.isfinite(self.mu_p):
-            raise ValueError(f"mu_p must be a finite number, got {self.mu_p!r}")
+        require(is_number(self.mu_p) and math.isfinite(self.mu_p), "mu_p", self.mu_p, "a finite number")
         if self.gamma_shape not in GAMMA_SHAPES:
             raise ValueError(f"gamma_shape must be one of {GAMMA_SHAPES}, got {self.gamma_shape!r}")
         if self.prior_scope not in PRIOR_SCOPES:
             raise ValueError(f"prior_scope must be one of {PRIOR_SCOPES}, got {self.prior_scope!r}")
-        if not isinstance(self.d_mid, int) or isinstance(self.d_mid, bool) or self.d_mid <= 0:
-            raise ValueError(f"d_mid must be a positive integer, got {self.d_mid!r}")
+        whole_number("d_mid", self.d_mid)
         if not isinstance(self.detach_prior_keys, bool):
             raise ValueError(f"detach_prior_keys must be True or False, got {self.detach_prior_keys!r}")
 
@@ -149,9 +141,8 @@ class ObjectiveConfig:
     def __post_init__(self) -> None:
         if self.reduction not in ("mean", "sum"):
             raise ValueError(f"reduction must be 'mean' or 'sum', got {self.reduction!r}")
-        require_positive("kl_weight", self.kl_weight)
-        if self.anneal_rate is not None:
-            require_positive("anneal_rate", self.anneal_rate)
+        positive("kl_weight", self.kl_weight)
+        positive("anneal_rate", self.anneal_rate, optional=True)
 
     def kl_annealing(self, step: int) -> float:
         """lambda_t = sigmoid(t * rho); never 0, so ``poutine.scale`` accepts it."""

@@ -1,4 +1,12 @@
-"""ArviZ view of attention draws: named dimensions, summary, ESS, R-hat and HDI.
+"""ArviZ view of attention draws: named dimensions, summary, ESS, R-hat and HDI; the one pipeline
+every task's attention diagnostics run through.
+
+:func:`attention_chains` draws the attention posterior of chosen entries (and the prior's attention
+beside each draw) over independent chains with :func:`bam_pyro.predictive.predictive_draws`,
+chain c seeded ``seed + c`` (:func:`chain_seeds`; :func:`seeded_chains` for draws of another
+kind). :meth:`AttentionDiagnostics.of` turns chains into ArviZ data and their summary, and
+:meth:`AttentionDiagnostics.write` writes both with the worst ESS and R-hat. A task only says which
+sites and entries it diagnoses and which figures it draws.
 
 Attention draws become one posterior variable ``attention`` with dims
 ``(chain, draw, layer, head, query, key)``: a chain is an independent run of the sampler
@@ -14,19 +22,30 @@ neighbour is itself has weight 1) have no defined R-hat; they are excluded and c
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
 
 import numpy as np
+import pyro
+import pyro.util
 import torch
 
+from .model import BamModel
 from .optional import require
+from .predictive import predictive_draws, softmax_probs
+from .validation import whole_number
 
 az = require("arviz", "bam_pyro.diagnostics")
 pd = require("pandas", "bam_pyro.diagnostics")
 xr = require("xarray", "bam_pyro.diagnostics")
 
 DIMS = ("layer", "head", "query", "key")
+
+#: one chain of attention draws: layer -> weights ``[draw, head, query, key]``, NaN where an entry does not exist
+Chain = Mapping[str, np.ndarray]
+T = TypeVar("T")
 
 
 @dataclass
@@ -141,3 +160,102 @@ def attention_summary(idata: az.InferenceData, hdi_prob: float = 0.94) -> pd.Dat
         summary.insert(0, "key_node", nodes[q, k])
     summary.attrs["constant_entries"] = int((valid & ~varying).sum())
     return summary
+
+
+# --- the pipeline: chains of draws -> ArviZ data, summary and files --------------------------------
+
+
+def chain_seeds(seed: int, chains: int) -> list[int]:
+    """The seeds of the ``chains`` independent chains of a run seeded ``seed``: chain c uses
+    ``seed + c``. One rule for every task, so a run's diagnostics are reproduced from its seed."""
+    whole_number("chains", chains)
+    return [seed + chain for chain in range(chains)]
+
+
+def seeded_chains(draw: Callable[[], T], seed: int, chains: int) -> list[T]:
+    """``draw()`` once per chain, with torch's, NumPy's and Python's RNGs seeded by
+    :func:`chain_seeds`. The caller's RNG states are restored afterwards: drawing diagnostics
+    leaves the rest of a run's randomness as it was."""
+    state = pyro.util.get_rng_state()
+    outcomes = []
+    try:
+        with torch.random.fork_rng():  # also the CUDA generators
+            for chain_seed in chain_seeds(seed, chains):
+                pyro.set_rng_seed(chain_seed)
+                outcomes.append(draw())
+    finally:
+        pyro.util.set_rng_state(state)
+    return outcomes
+
+
+def attention_chains(
+    bam_model: BamModel,
+    inputs: Sequence,
+    draws: int,
+    *,
+    seed: int,
+    chains: int,
+    layers: Sequence[str],
+    select_attention: Callable[[torch.Tensor], torch.Tensor],
+    probs_fn: Callable[[Any], torch.Tensor] = softmax_probs,
+    chunk_size: int = 100,
+) -> tuple[list[Chain], list[Chain]]:
+    """Posterior and prior chains of the attention of ``layers`` (:func:`seeded_chains` of
+    :func:`~bam_pyro.predictive.predictive_draws` in eval mode: the attention noise q(S | Phi) alone).
+
+    ``select_attention`` maps a chunk of a layer's weights to ``[draws, head, query, key]``, NaN
+    where an entry does not exist (e.g. :func:`gather` for graph neighbourhoods). The prior chains
+    hold the prior's location beside each draw, laid out the same and normalized over each query's
+    keys: the prior's attention. ``probs_fn`` as in ``predictive_draws``.
+    """
+
+    def draw() -> tuple[Chain, Chain]:
+        result = predictive_draws(bam_model, inputs, draws, layers=layers, with_prior=True,
+                                  select_attention=select_attention, probs_fn=probs_fn, chunk_size=chunk_size)
+        posterior = {layer: w.cpu().numpy() for layer, w in result.attention.items()}
+        prior = {layer: (p / p.nansum(-1, keepdim=True)).cpu().numpy() for layer, p in result.prior_location.items()}
+        return posterior, prior
+
+    pairs = seeded_chains(draw, seed, chains)
+    return [posterior for posterior, _ in pairs], [prior for _, prior in pairs]
+
+
+@dataclass
+class AttentionDiagnostics:
+    """The ArviZ data of chains of attention draws and their :func:`attention_summary` (a task may
+    add columns to it before writing, e.g. the words its queries and keys stand for)."""
+
+    idata: az.InferenceData
+    summary: pd.DataFrame
+
+    @classmethod
+    def of(cls, posterior: Sequence[Chain], prior: Optional[Sequence[Chain]] = None, queries: Optional[Sequence] = None,
+           key_node: Optional[np.ndarray] = None) -> AttentionDiagnostics:
+        """See :func:`attention_inference_data` for the arguments."""
+        idata = attention_inference_data(posterior, queries=queries, key_node=key_node, prior_chains=prior)
+        return cls(idata, attention_summary(idata))
+
+    def info(self) -> dict[str, Any]:
+        """Chains, draws per chain, the entries summarized and excluded, the worst ESS and R-hat."""
+        attention = self.idata.posterior["attention"]
+        return {"chains": int(attention.sizes["chain"]), "draws": int(attention.sizes["draw"]),
+                "queries": [_plain(q) for q in attention.coords["query"].values], "entries": len(self.summary),
+                "constant_entries": self.summary.attrs["constant_entries"],
+                "ess_bulk_min": float(self.summary["ess_bulk"].min()), "r_hat_max": float(self.summary["r_hat"].max())}
+
+    def write(self, folder: Path, **details: Any) -> dict[str, Path]:
+        """``attention.nc`` (the ArviZ data), ``attention-summary.csv`` and
+        ``attention-diagnostics.json`` (:meth:`info` and the task's ``details``) into ``folder``."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        written = {"draws": folder / "attention.nc", "summary": folder / "attention-summary.csv",
+                   "info": folder / "attention-diagnostics.json"}
+        self.idata.to_netcdf(written["draws"])
+        self.summary.to_csv(written["summary"])
+        written["info"].write_text(json.dumps({**self.info(), **details}, indent=1))
+        return written
+
+
+def _plain(value: Any) -> Any:
+    """A NumPy scalar as the Python value JSON writes."""
+    return value.item() if hasattr(value, "item") else value

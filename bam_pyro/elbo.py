@@ -20,7 +20,7 @@ from __future__ import annotations
 import pyro
 from pyro import poutine
 from pyro.infer import TraceMeanField_ELBO
-from pyro.infer.trace_mean_field_elbo import _check_mean_field_requirement
+from pyro.infer.trace_mean_field_elbo import _check_mean_field_requirement  # private: the parent's own check, no public twin (tests/test_private_names.py)
 from pyro.infer.util import is_validation_enabled
 from pyro.poutine.guide import GuideMessenger
 from pyro.poutine.trace_struct import Trace
@@ -56,7 +56,7 @@ class AttentionMeanFieldELBO(TraceMeanField_ELBO):
         self._validated = is_validation_enabled()
         return loss
 
-    def _get_trace(self, model, guide, args, kwargs):
+    def _get_trace(self, model, guide, args, kwargs):  # ELBO's hook for subclasses (tests/test_private_names.py)
         messenger = poutine.unwrap(guide)
         if not isinstance(messenger, GuideMessenger):
             return super()._get_trace(model, guide, args, kwargs)

@@ -43,7 +43,7 @@ class AttentionGuide(GuideMessenger):
 
     _infer: dict = {}
 
-    def _pyro_sample(self, msg) -> None:
+    def _pyro_sample(self, msg) -> None:  # the handler Pyro's Messenger subclasses override (tests/test_private_names.py)
         self._infer = msg["infer"] or {}
         super()._pyro_sample(msg)
 

@@ -33,7 +33,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro.infer import Predictive
-from pyro.infer.predictive import _predictive_vectorize_plate_name
+from pyro.infer.predictive import _predictive_vectorize_plate_name  # private: how to find Predictive's plate (tests/test_private_names.py)
 from pyro.poutine.runtime import get_plates
 from torch import Tensor
 
@@ -41,6 +41,7 @@ from .attention import BayesianAttention
 from .attention_map import AttentionMap
 from .guide import AttentionGuide
 from .model import BamModel
+from .validation import whole_number
 
 #: deterministic site holding the class probabilities ``[..., items, classes]`` of one draw
 PROBS_SITE = "predictive.probs"
@@ -100,8 +101,8 @@ def predictive_draws(
     with_prior: also return each layer's prior location given the draw (the prior of a layer
         depends on the attention samples of the layers below it).
     """
-    if num_samples < 1 or chunk_size < 1:
-        raise ValueError(f"num_samples and chunk_size must be >= 1, got {num_samples}, {chunk_size}")
+    whole_number("num_samples", num_samples)
+    whole_number("chunk_size", chunk_size)
     layers = list(layers or [])
     unknown = set(layers) - set(attention_site_names(bam_model))
     if unknown:

@@ -30,7 +30,8 @@ from transformers import get_linear_schedule_with_warmup
 
 from bam_pyro.metrics import uncertainty_report
 from analysis.tables import paired_difference, summarize
-from bam_pyro import AttentionGuide, BamModel, BayesianAttention, attention_sampling
+from bam_pyro import AttentionGuide, BamModel, BayesianAttention
+from bam_pyro.predictive import predictive_draws
 from bam_pyro.training import seed_everything
 from experiments.glue_data import TASKS, Encoded, GlueData, batches, load_glue, task_metrics
 from experiments.runner import RunContext, RunSettings, Task, positive, require, run_cli
@@ -92,18 +93,18 @@ def predict(network: torch.nn.Module, data: Encoded, batch_size: int, collator) 
     return torch.cat(outputs).cpu().numpy(), torch.cat(labels).cpu().numpy()
 
 
-def posterior_probs(network: torch.nn.Module, data: Encoded, batch_size: int, collator, draws: int) -> tuple[np.ndarray, np.ndarray]:
-    """Class probabilities ``[draws, n, classes]`` with every attention drawn from q (eval mode, so
-    no dropout), and the labels. transformers' modules cannot carry the extra sample dimension of
-    Pyro's vectorized ``Predictive``, so each draw is one pass. A network without stochastic
-    attention (soft) is a point mass: one pass, repeated."""
-    stochastic = any(isinstance(m, BayesianAttention) and m.config.stochastic for m in network.modules())
-    samples = []
-    with attention_sampling():
-        for _ in range(draws if stochastic else 1):
-            outputs, labels = predict(network, data, batch_size, collator)
-            samples.append(torch.softmax(torch.as_tensor(outputs), -1).cpu().numpy())
-    return np.stack(samples if stochastic else samples * 2), labels
+def posterior_probs(bam_model: BamModel, data: Encoded, batch_size: int, collator, draws: int) -> tuple[np.ndarray, np.ndarray]:
+    """Class probabilities ``[draws, n, classes]`` of posterior draws
+    (:func:`bam_pyro.predictive.predictive_draws`: eval mode, every attention drawn from q, no
+    dropout), and the labels. transformers' modules cannot carry the extra sample dimension of
+    Pyro's vectorized ``Predictive``, so each draw is one pass (chunks of one draw). A network
+    without stochastic attention (soft) is a point mass: two draws, the fewest the metrics take."""
+    stochastic = any(isinstance(m, BayesianAttention) and m.config.stochastic for m in bam_model.network.modules())
+    samples, labels = [], []
+    for args, targets in batches(data, 4 * batch_size, collator, shuffle=False):
+        samples.append(predictive_draws(bam_model, args, draws if stochastic else 2, chunk_size=1).probs)
+        labels.append(targets["labels"])
+    return torch.cat(samples, dim=1).cpu().numpy(), torch.cat(labels).cpu().numpy()
 
 
 def scores(task: str, outputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
@@ -141,7 +142,7 @@ def train(settings: GlueSettings, data: GlueData, run: RunContext) -> dict[str, 
     metrics = {name: final[name] for name in TASKS[settings.task].metrics}
     metrics["train_loss"] = final["loss"]
     if settings.draws:
-        samples, labels = posterior_probs(bam_model.network, data.scored, settings.batch_size, data.collator, settings.draws)
+        samples, labels = posterior_probs(bam_model, data.scored, settings.batch_size, data.collator, settings.draws)
         report = uncertainty_report(samples, labels)
         metrics.update({name: report[name] for name in UNCERTAINTY})
     return metrics

@@ -10,7 +10,6 @@ columns ``m.<metric>``; the test nodes' mean predictive probabilities go into th
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Mapping
 
@@ -20,7 +19,7 @@ import torch
 from torch_geometric.utils import add_self_loops, degree, remove_self_loops
 
 from analysis.curves import training_curves
-from bam_pyro.diagnostics import attention_inference_data, attention_summary, gather, neighbourhoods
+from bam_pyro.diagnostics import AttentionDiagnostics, attention_chains, gather, neighbourhoods
 from bam_pyro.metrics import PAVPU_THRESHOLDS, reliability, uncertainty_report
 from analysis.plots import neighbourhood_forest, prior_posterior, reliability_diagram, variant_comparison
 from analysis.tables import format_mean_std
@@ -63,36 +62,21 @@ def score_modes(model: NodeClassifier, data, settings, folder: Path) -> dict[str
 
 
 def attention_diagnostics(model: NodeClassifier, data, settings, folder: Path) -> None:
-    """ArviZ data, summary and plots of the attention into a few test nodes, ``settings.chains``
-    independent chains of ``settings.samples`` (at least 100) draws each."""
+    """ArviZ data, summary and plots of the attention into a few test nodes (:mod:`bam_pyro.diagnostics`),
+    ``settings.chains`` independent chains of ``settings.samples`` (at least 100) draws each."""
     edges = add_self_loops(remove_self_loops(data.edge_index)[0], num_nodes=data.num_nodes)[0]
     in_degree = degree(edges[1], data.num_nodes)
     test = data.test_mask.nonzero().flatten()
     nodes = test[(in_degree[test] >= 4) & (in_degree[test] <= 8)][: settings.diag_nodes].tolist()
     hoods = neighbourhoods(edges.cpu().numpy(), nodes)
     layers = attention_site_names(model)
-    draws_per_chain = max(settings.samples, 100)
-    posterior, prior = [], []
-    for chain in range(settings.chains):
-        seed_everything(1000 + chain)
-        with torch.no_grad():
-            draws = predictive_draws(model, (data.x, data.edge_index), draws_per_chain, layers=layers, with_prior=True,
-                                     select_attention=lambda w: gather(w, hoods), chunk_size=settings.chunk)
-        posterior.append({layer: w.cpu().numpy() for layer, w in draws.attention.items()})
-        # the prior's location Psi, normalized over each node's neighbourhood: its prior weights
-        prior.append({layer: (p / p.nansum(-1, keepdim=True)).cpu().numpy() for layer, p in draws.prior_location.items()})
-    idata = attention_inference_data(posterior, queries=nodes, key_node=hoods.sources, prior_chains=prior)
-    out = folder / "diagnostics"
-    out.mkdir(parents=True, exist_ok=True)
-    idata.to_netcdf(out / "attention.nc")
-    summary = attention_summary(idata)
-    summary.to_csv(out / "attention-summary.csv")
-    info = dict(chains=settings.chains, draws=draws_per_chain, nodes=nodes, entries=len(summary),
-                constant_entries=summary.attrs["constant_entries"],
-                ess_bulk_min=float(summary["ess_bulk"].min()), r_hat_max=float(summary["r_hat"].max()))
-    (out / "attention-diagnostics.json").write_text(json.dumps(info, indent=1))
-    neighbourhood_forest(idata, layers[0], nodes[0], folder / "figures" / "forest.png")
-    prior_posterior(idata, layers[-1], nodes[0], 0, folder / "figures" / "prior-posterior.png")
+    posterior, prior = attention_chains(model, (data.x, data.edge_index), max(settings.samples, 100), seed=settings.seed,
+                                        chains=settings.chains, layers=layers, select_attention=lambda w: gather(w, hoods),
+                                        chunk_size=settings.chunk)
+    diagnostics = AttentionDiagnostics.of(posterior, prior, queries=nodes, key_node=hoods.sources)
+    diagnostics.write(folder / "diagnostics")
+    neighbourhood_forest(diagnostics.idata, layers[0], nodes[0], folder / "figures" / "forest.png")
+    prior_posterior(diagnostics.idata, layers[-1], nodes[0], 0, folder / "figures" / "prior-posterior.png")
 
 
 def long_format(results: pd.DataFrame) -> pd.DataFrame:

@@ -22,7 +22,7 @@ adds the KL per attention entry, which with the contextual Gamma prior's tiny sh
 
 For the first seed (``uncertainty_seed``) of a variant whose attention has a posterior beside a
 prior (BAM with one, every latent alignment), the run also writes the posterior of the attention of a
-few validation sentences into its folder (:mod:`experiments.nmt_uncertainty`): a heatmap of
+few validation sentences into its folder (:mod:`experiments.nmt_attention`): a heatmap of
 posterior mean, spread and prior, and the ArviZ summary (ESS, R-hat, HDI).
 
 ``va-relaxed`` follows Deng et al.'s Algorithm 2: its first ``jensen_epochs`` epochs (by default a
@@ -54,6 +54,7 @@ from pyro.infer import ELBO
 from bam_pyro import AttentionGuide, BamModel
 from bam_pyro.training import EarlyStopping, seed_everything
 from experiments.multi30k import BOS, EOS, HUB_DATASET, BpeSettings, EncodedSplit, Multi30k, load_multi30k
+from experiments.nmt_attention import attention_uncertainty
 from experiments.runner import RunContext, RunSettings, Task, positive, require, run_cli
 from models.decoding import beam_search
 from guides.alignment import InferenceNetwork
@@ -319,8 +320,6 @@ def train_run(settings: NmtSettings, data: Multi30k, run: RunContext) -> dict[st
         scores[f"{name}_bleu"] = bleu(hypotheses, split.references)
         write_lines(run.folder / "translations" / f"{name}.en", hypotheses)
     if settings.seed == settings.uncertainty_seed and settings.uncertainty_draws and has_attention_posterior(settings):
-        from experiments.nmt_uncertainty import attention_uncertainty
-
         attention_uncertainty(model, data, run.folder, draws=settings.uncertainty_draws, seed=settings.seed)
     return scores
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import time
 import typing
@@ -40,7 +41,8 @@ import torch
 
 from analysis.plots import paired_runs
 from analysis.tables import paired_difference, summarize
-from bam_pyro import VARIANTS, BamConfig, ObjectiveConfig
+from bam_pyro import VARIANTS, BamConfig, ObjectiveConfig, validation
+from bam_pyro.validation import require
 from bam_pyro.config import GammaShape, PriorScope, Reduction
 from bam_pyro.training import FitResult, SVITrainer, metadata_differences
 
@@ -108,19 +110,8 @@ OBJECTIVE_FIELDS = tuple(f.name for f in dataclasses.fields(ObjectiveConfig))
 VARIANT_SETTINGS = ("variant", *ATTENTION_FIELDS, "kl_weight", "anneal_rate")
 
 
-def require(condition: bool, name: str, value: Any, expected: str) -> None:
-    """Raise ``ValueError("<name> must be <expected>, got <value>")`` unless ``condition``."""
-    if not condition:
-        raise ValueError(f"{name} must be {expected}, got {value!r}")
-
-
-def positive(name: str, value: Any, minimum: float = 0.0, strict: bool = True) -> None:
-    """A setting that is a number > ``minimum`` (``>=`` unless ``strict``); None passes."""
-    if value is None:
-        return
-    number = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
-    ok = number and (value > minimum if strict else value >= minimum) and value != float("inf")
-    require(ok, name, value, f"a finite number {'>' if strict else '>='} {minimum:g}")
+#: a setting that is a finite number > ``minimum`` (``>=`` unless ``strict``); None (unset) passes
+positive = functools.partial(validation.positive, optional=True)
 
 
 @dataclass

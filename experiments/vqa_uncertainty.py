@@ -22,7 +22,6 @@ A run's metrics of condition c (``clean``, ``noisy``) and mode m are ``c.m.<metr
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Optional
@@ -31,7 +30,7 @@ import numpy as np
 import pyro
 import torch
 
-from bam_pyro.diagnostics import attention_inference_data, attention_summary
+from bam_pyro.diagnostics import AttentionDiagnostics, Chain, attention_chains
 from bam_pyro.metrics import PAVPU_THRESHOLDS, top_two_pvalues, uncertainty_report
 from analysis.vqa_figures import QuestionView, attention_picture
 from bam_pyro import BamConfig
@@ -199,49 +198,36 @@ def attention_report(model: VqaModel, data: EasyVqa, settings, folder: Path) -> 
     with torch.no_grad():
         inputs = (split.question_words(rows), None, model.network.image_features(split.question_images(rows)))
     posterior, prior = guided_attention_chains(model, inputs, settings)
-    write_diagnostics(posterior, prior, rows, [split.questions[r] for r in rows.tolist()], settings, folder / "diagnostics")
+    write_diagnostics(posterior, prior, rows, [split.questions[r] for r in rows.tolist()], folder / "diagnostics")
     draw_questions(model, data, rows, inputs, posterior, prior, settings, folder / "figures" / "attention.png")
 
 
-def guided_attention_chains(model: VqaModel, inputs: tuple, settings) -> tuple[list[dict], list[dict]]:
-    """Per chain (its own seed), layer -> guided attention ``[draws, heads, questions, words]``
-    averaged over the grid cells (NaN at padding), for the posterior and for the prior."""
+def guided_attention_chains(model: VqaModel, inputs: tuple, settings) -> tuple[list[Chain], list[Chain]]:
+    """Per chain (:func:`bam_pyro.diagnostics.attention_chains`), layer -> guided attention
+    ``[draws, heads, questions, words]`` averaged over the grid cells (NaN at padding), for the
+    posterior and for the prior."""
     valid = inputs[0] != 0  # [Q, L]
 
     def grid_average(weights: torch.Tensor) -> torch.Tensor:  # [draws, Q, H, G, L] -> [draws, H, Q, L]
         return weights.double().mean(-2).transpose(1, 2).masked_fill(~valid, math.nan)
 
-    posterior, prior = [], []
-    for chain in range(settings.chains):
-        seed_everything(1000 + chain)
-        with torch.no_grad():
-            draws = predictive_draws(model, inputs, settings.diag_draws, layers=guided_attention_sites(model),
-                                     with_prior=True, select_attention=grid_average, chunk_size=settings.chunk)
-        posterior.append({layer: w.cpu().numpy() for layer, w in draws.attention.items()})
-        prior.append({layer: (p / p.nansum(-1, keepdim=True)).cpu().numpy() for layer, p in draws.prior_location.items()})
-    return posterior, prior
+    return attention_chains(model, inputs, settings.diag_draws, seed=settings.seed, chains=settings.chains,
+                            layers=guided_attention_sites(model), select_attention=grid_average, chunk_size=settings.chunk)
 
 
-def write_diagnostics(posterior: list[dict], prior: list[dict], rows: torch.Tensor, questions: list[str],
-                      settings, out: Path) -> None:
-    """``attention.nc`` (ArviZ), ``attention-summary.csv`` (mean, sd, HDI, ESS, R-hat of every
-    layer, head, question and word) and ``attention-diagnostics.json`` (the worst ESS and R-hat)."""
-    idata = attention_inference_data(posterior, queries=rows.tolist(), prior_chains=prior)
-    out.mkdir(parents=True, exist_ok=True)
-    idata.to_netcdf(out / "attention.nc")
-    summary = attention_summary(idata)
+def write_diagnostics(posterior: list[Chain], prior: list[Chain], rows: torch.Tensor, questions: list[str],
+                      out: Path) -> None:
+    """:meth:`~bam_pyro.diagnostics.AttentionDiagnostics.write` into ``out``, the summary with the
+    word of each entry, the info with the questions' texts."""
+    diagnostics = AttentionDiagnostics.of(posterior, prior, queries=rows.tolist())
     words = {row: tokenize(question) for row, question in zip(rows.tolist(), questions)}
-    index = zip(summary.index.get_level_values("query"), summary.index.get_level_values("key"))
-    summary.insert(0, "word", [words[question][position] for question, position in index])
-    summary.to_csv(out / "attention-summary.csv")
-    info = dict(chains=settings.chains, draws=settings.diag_draws, questions=rows.tolist(),
-                texts=questions, entries=len(summary), constant_entries=summary.attrs["constant_entries"],
-                ess_bulk_min=float(summary["ess_bulk"].min()), r_hat_max=float(summary["r_hat"].max()))
-    (out / "attention-diagnostics.json").write_text(json.dumps(info, indent=1))
+    index = zip(diagnostics.summary.index.get_level_values("query"), diagnostics.summary.index.get_level_values("key"))
+    diagnostics.summary.insert(0, "word", [words[question][position] for question, position in index])
+    diagnostics.write(out, texts=questions)
 
 
-def draw_questions(model: VqaModel, data: EasyVqa, rows: torch.Tensor, inputs: tuple, posterior: list[dict],
-                   prior: list[dict], settings, path: Path) -> Path:
+def draw_questions(model: VqaModel, data: EasyVqa, rows: torch.Tensor, inputs: tuple, posterior: list[Chain],
+                   prior: list[Chain], settings, path: Path) -> Path:
     """The picture of the diagnosed questions (see :func:`analysis.vqa_figures.attention_picture`):
     the last guided-attention layer's draws (heads averaged), its prior, the image reduction's
     weights of the posterior-mean pass, and ``settings.diag_draws`` answer draws in ``full`` mode

@@ -11,6 +11,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from bam_pyro.validation import whole_number
+
 
 class InferenceNetwork(nn.Module):
     """Scores ``[B, T, S]`` of q(z_j = i | x, y) from the source and the whole target (see module doc).
@@ -23,9 +25,8 @@ class InferenceNetwork(nn.Module):
     def __init__(self, source_embedding: nn.Embedding, target_embedding: nn.Embedding, hidden: int,
                  layers: int = 1, dropout: float = 0.0) -> None:
         super().__init__()
-        for name, value in (("hidden", hidden), ("layers", layers)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        whole_number("hidden", hidden)
+        whole_number("layers", layers)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
         self.source_embedding, self.target_embedding = source_embedding, target_embedding

@@ -26,6 +26,7 @@ from typing import Iterator, NamedTuple, Optional, Protocol
 import torch
 from torch import Tensor, nn
 
+from bam_pyro.validation import positive, whole_number
 from models.nmt import DecoderOutputs, Memory, Seq2Seq
 
 
@@ -124,10 +125,8 @@ def beam_search(model: StepwiseTranslator, src: Tensor, src_mask: Tensor, bos: i
 def beam_hypotheses(model: StepwiseTranslator, src: Tensor, src_mask: Tensor, bos: int, eos: int, beam_size: int = 10,
                     length_penalty: float = 1.0, max_length: Optional[int] = None) -> list[list[Hypothesis]]:
     """Every hypothesis a batched beam search finishes, per sentence, best first (see module doc)."""
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
-    if length_penalty < 0:
-        raise ValueError(f"length_penalty must be >= 0, got {length_penalty}")
+    whole_number("beam_size", beam_size)
+    positive("length_penalty", length_penalty, strict=False)
     limits = length_limits(src_mask, max_length)
     batch, k = src.size(0), beam_size
     with _eval_mode(model):

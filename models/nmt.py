@@ -51,6 +51,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from bam_pyro import BamConfig, BamModel, BayesianAttention, DenseKeys, ObjectiveConfig
 from bam_pyro.alignment import target_plates
+from bam_pyro.validation import whole_number
 
 #: range of the uniform initialization of the network's weights (OpenNMT's default, as Deng et al.)
 INIT_RANGE = 0.1
@@ -71,9 +72,7 @@ class NetworkSizes:
 
     def __post_init__(self) -> None:
         for name in ("embedding", "encoder", "decoder", "attention", "layers"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            whole_number(name, getattr(self, name))
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
 

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from bam_pyro import BamConfig, BamModel, MultiHeadBayesianAttention, ObjectiveConfig
+from bam_pyro.validation import whole_number
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,7 @@ class McanSizes:
 
     def __post_init__(self) -> None:
         for name in ("hidden", "heads", "encoder_layers", "decoder_layers", "embedding"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            whole_number(name, getattr(self, name))
         if self.features < 16 or self.features % 16:
             raise ValueError(f"features must be a multiple of 16 (the CNN's first layer has features / 4 channels, "
                              f"in groups of 4), got {self.features}")

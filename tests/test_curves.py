@@ -1,4 +1,4 @@
-"""analysis.curves: the kept epoch and the run's best read back from the records of real training runs."""
+"""analysis.curves (and its command, experiments.curves): the kept epoch and the run's best read back from the records of real training runs."""
 
 import pandas as pd
 import pytest
@@ -7,7 +7,7 @@ import torch
 import matplotlib.pyplot as plt
 
 from analysis.curves import curves_figure
-from analysis.curves import main as curves_main
+from experiments.curves import main as curves_main
 from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.training import EarlyStopping, SVITrainer, seed_everything
 from bam_pyro import AttentionGuide

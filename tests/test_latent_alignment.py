@@ -542,12 +542,12 @@ def test_bad_input_errors_clearly():
         AlignmentConfig("soft-ish")
     with pytest.raises(ValueError, match="unknown latent-alignment variant"):
         elbo_for("bam")
-    with pytest.raises(ValueError, match="top_k must be None or a positive integer"):
+    with pytest.raises(ValueError, match="top_k must be None or a whole number >= 1"):
         AlignmentConfig("exact", top_k=0)
     network = TinySeq2Seq(9)
     with pytest.raises(ValueError, match="needs an inference network"):
         LatentAlignmentModel(network, ObjectiveConfig(), AlignmentConfig("va-sample"))
-    with pytest.raises(ValueError, match="layers must be a positive integer"):
+    with pytest.raises(ValueError, match="layers must be a whole number >= 1"):
         InferenceNetwork(network.source_embedding, network.target_embedding, 4, layers=0)
     with pytest.raises(ValueError, match="has no inference network"):
         LatentAlignmentModel(network, ObjectiveConfig(), AlignmentConfig("hard"),

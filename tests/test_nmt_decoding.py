@@ -72,7 +72,7 @@ def test_the_length_limit_ends_open_hypotheses():
     src, mask = torch.tensor([[7]]), torch.ones(1, 1, dtype=torch.bool)
     assert greedy(model, src, mask, BOS, EOS, max_length=4) == [[A, B, A, B]]
     assert beam_search(model, src, mask, BOS, EOS, beam_size=1, max_length=4) == [[A, B, A, B]]
-    with pytest.raises(ValueError, match="beam_size must be at least 1"):
+    with pytest.raises(ValueError, match="beam_size must be a whole number >= 1"):
         beam_search(model, src, mask, BOS, EOS, beam_size=0)
 
 

@@ -129,11 +129,12 @@ def test_generate_broadcasts_over_alignments():
 
 
 def test_vectorized_posterior_draws_vary_and_respect_padding():
-    from experiments.nmt_uncertainty import attention_draws
+    from experiments.nmt_attention import SITE, as_sentences, posterior_chains
 
     model = translator()
     batch = make_batch(*sentences((3, 4), (6, 2)))
-    posterior, prior = attention_draws(model, batch, draws=30, seed=0)
+    (posterior,), (prior,) = posterior_chains(model, batch, draws=30, seed=0, chains=1)
+    posterior, prior = as_sentences(posterior[SITE], batch), as_sentences(prior[SITE], batch)[0]
     assert posterior.shape == (30, 2, 5, 6) and prior.shape == (2, 5, 6)
     valid = ~np.isnan(posterior[0])
     assert valid.sum() == 3 * 5 + 6 * 3

@@ -1,5 +1,7 @@
 """Bayesian attention in architectures beyond BERT: T5's relative position bias, Gemma 2's
-soft-capped scores, encoder-decoders whose two sides have their own head counts (Bart)."""
+soft-capped scores, encoder-decoders whose two sides have their own head counts (Bart), decoders
+(Qwen3), vision encoders (ViT, DINOv2) and ModernBERT, whose attention takes its scaling as an
+argument and alternates global and sliding-window layers."""
 
 import copy
 
@@ -9,13 +11,16 @@ import pytest
 import torch
 from pyro.infer import TraceMeanField_ELBO
 from torch import nn
+import transformers
 from transformers import (
-    BartConfig, BartForConditionalGeneration, Gemma2Config, Gemma2Model, T5Config, T5ForConditionalGeneration,
+    BartConfig, BartForConditionalGeneration, Dinov2Config, Dinov2Model, Gemma2Config, Gemma2Model, Qwen3Config, Qwen3Model,
+    T5Config, T5ForConditionalGeneration, ViTConfig, ViTModel,
 )
 
 from bam_pyro import AttentionGuide, BamConfig, BamModel, ObjectiveConfig
 from bam_pyro.sites import SITE_INFO
 from bam_pyro.transformers import BAM_ATTRIBUTE, bam_attention_forward, to_bam
+from bam_pyro.transformers.convert import attach_bayesian_attention, calls_attention_interface
 
 WC = BamConfig("wc", k=10.0, beta=1e-2, d_mid=5)
 
@@ -146,3 +151,71 @@ def test_attention_sinks_are_refused():
     query = key = value = torch.zeros(1, 2, 3, 4)
     with pytest.raises(NotImplementedError, match="s_aux= \\(attention sinks\\)"):
         bam_attention_forward(module, query, key, value, None, s_aux=torch.zeros(2))
+
+
+def tiny_modernbert():
+    """Three layers: global attention in the first and third, a sliding window of 4 in the second."""
+    config = transformers.ModernBertConfig(
+        vocab_size=60, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, hidden_size=32,
+        intermediate_size=37, num_hidden_layers=3, num_attention_heads=4, global_attn_every_n_layers=2, local_attention=4)
+    return transformers.ModernBertModel(config).eval()
+
+
+def tiny_qwen3():
+    config = Qwen3Config(vocab_size=60, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8)
+    return Qwen3Model(config).eval()
+
+
+def tiny_vit():
+    return ViTModel(ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                              image_size=16, patch_size=4)).eval()
+
+
+def tiny_dinov2():
+    return Dinov2Model(Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=1,
+                                    image_size=16, patch_size=4)).eval()
+
+
+def last_hidden_state(model, inputs):
+    with torch.no_grad():
+        return model(**inputs).last_hidden_state
+
+
+@pytest.mark.parametrize("make", [tiny_modernbert, tiny_qwen3, tiny_vit, tiny_dinov2],
+                         ids=["modernbert", "qwen3", "vit", "dinov2"])
+@pytest.mark.parametrize("config", [BamConfig("soft"), WC], ids=["soft", "wc-eval"])
+def test_every_attention_module_converts_and_equals_eager_attention(make, config):
+    """Soft attention, and BAM's posterior mean in eval mode, are the model's own attention: the
+    sliding window of ModernBERT's local layers and the padding included."""
+    original = make()
+    bam = to_bam(copy.deepcopy(original), config).eval()
+    converted = [n for n, m in bam.named_modules() if hasattr(m, BAM_ATTRIBUTE)]
+    assert len(converted) == original.config.num_hidden_layers
+    if isinstance(original, (ViTModel, Dinov2Model)):
+        inputs, valid = {"pixel_values": torch.randn(2, 3, 16, 16)}, slice(None)
+    else:
+        ids, mask, _ = batch()
+        ids = torch.cat([ids, ids], dim=1)  # 14 tokens: longer than ModernBERT's window of 4
+        mask = torch.cat([mask, mask], dim=1)
+        inputs, valid = {"input_ids": ids, "attention_mask": mask}, mask.bool()
+    torch.testing.assert_close(last_hidden_state(bam, inputs)[valid], last_hidden_state(eager_copy(original), inputs)[valid],
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_modules_are_found_by_their_call_of_the_attention_interface_not_by_their_attributes():
+    class Lookalike(nn.Module):
+        """Head layout and scaling, but no attention function of transformers."""
+
+        def __init__(self):
+            super().__init__()
+            self.num_heads, self.head_dim, self.scaling = 4, 8, 8**-0.5
+
+        def forward(self, x):
+            return x
+
+    modernbert = tiny_modernbert()
+    assert calls_attention_interface(modernbert.layers[0].attn) and not hasattr(modernbert.layers[0].attn, "scaling")
+    assert not calls_attention_interface(Lookalike()) and not calls_attention_interface(modernbert.layers[0].mlp)
+    with pytest.raises(ValueError, match="found no attention module in Lookalike"):
+        attach_bayesian_attention(Lookalike(), WC)

@@ -87,7 +87,7 @@ def test_uncertainty_sweep_and_attention_report(few, tmp_path):
                                                                   for m in ("acc", "pavpu@0.01", "pavpu@0.05", "pavpu@0.1")}
     assert metrics["sweep.5.acc"] == metrics["noisy_acc"] and metrics["sweep.0.acc"] == metrics["test_acc"]
     info = json.loads((tmp_path / "diagnostics" / "attention-diagnostics.json").read_text())
-    assert info["chains"] == 2 and len(info["questions"]) == 3
+    assert info["chains"] == 2 and len(info["queries"]) == len(info["texts"]) == 3
     assert info["ess_bulk_min"] > 80 and info["r_hat_max"] < 1.08  # independent draws: ESS near 200, R-hat near 1
     summary = pd.read_csv(tmp_path / "diagnostics" / "attention-summary.csv")
     assert {"word", "mean", "hdi_3%", "hdi_97%", "ess_bulk", "r_hat"} <= set(summary.columns)

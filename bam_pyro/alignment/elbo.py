@@ -42,7 +42,7 @@ import torch
 from pyro import poutine
 from pyro.distributions.util import scale_and_mask
 from pyro.infer import ELBO
-from pyro.infer.enum import get_importance_trace
+from pyro.infer.enum import get_importance_trace  # undocumented: Pyro's ELBOs trace model and guide with it; no public twin (tests/test_private_names.py)
 from torch import Tensor
 from torch.distributions import kl_divergence
 
@@ -59,7 +59,7 @@ class AlignmentELBO(ELBO):
     def __init__(self, max_plate_nesting: int = 2) -> None:
         super().__init__(max_plate_nesting=max_plate_nesting)
 
-    def _get_trace(self, model: Callable, guide: Callable, args: tuple, kwargs: dict) -> tuple:
+    def _get_trace(self, model: Callable, guide: Callable, args: tuple, kwargs: dict) -> tuple:  # ELBO's hook for subclasses
         return get_importance_trace("flat", self.max_plate_nesting, model, guide, args, kwargs)
 
     def loss(self, model: Callable, guide: Callable, *args: Any, **kwargs: Any) -> float:

@@ -11,8 +11,10 @@ import pyro.distributions as dist
 from pyro import poutine
 from pyro.poutine.enum_messenger import EnumMessenger
 from pyro.poutine.guide import GuideMessenger
-from pyro.poutine.runtime import _PYRO_STACK
+from pyro.poutine.runtime import _PYRO_STACK  # private: Pyro has no public way to ask whether enumeration is on (tests/test_private_names.py)
 from torch import Tensor
+
+from ..validation import whole_number
 
 from .distributions import MaskedDirichlet, dirichlet_concentration
 from .model import ALIGNMENT, LatentAlignmentModel, masked_scores
@@ -86,8 +88,7 @@ class JensenWarmStart(GuideMessenger):
         if not model.spec.relaxed:
             raise ValueError(f"the Jensen warm start is va-relaxed's (Deng et al.'s Algorithm 2), "
                              f"not {model.config.variant!r}'s")
-        if not isinstance(warm_steps, int) or isinstance(warm_steps, bool) or warm_steps < 0:
-            raise ValueError(f"warm_steps must be a whole number >= 0, got {warm_steps!r}")
+        whole_number("warm_steps", warm_steps, minimum=0)
         super().__init__(model.model)
         self.alignment_model, self.warm_steps = model, warm_steps
 

@@ -54,6 +54,7 @@ from torch import Tensor, nn
 
 from ..config import ObjectiveConfig
 from ..model import BamModel
+from ..validation import whole_number
 
 from .distributions import MaskedDirichlet, TokensGivenAlignment, dirichlet_concentration
 from .elbo import AlignmentELBO
@@ -135,15 +136,6 @@ ALIGNMENT_VARIANTS: dict[str, VariantSpec] = {
 }
 
 
-def is_positive_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def check_top_k(value: Optional[int]) -> None:
-    if value is not None and not is_positive_int(value):
-        raise ValueError(f"top_k must be None or a positive integer, got {value!r}")
-
-
 def variant_spec(variant: str) -> VariantSpec:
     """The spec of a variant name, or an error naming the known ones."""
     if variant not in ALIGNMENT_VARIANTS:
@@ -175,9 +167,8 @@ class AlignmentConfig:
     def __post_init__(self) -> None:
         variant_spec(self.variant)
         for name in ("relaxed_samples", "max_logit_elements"):
-            if not is_positive_int(getattr(self, name)):
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        check_top_k(self.top_k)
+            whole_number(name, getattr(self, name))
+        whole_number("top_k", self.top_k, optional=True)
 
     @property
     def spec(self) -> VariantSpec:
@@ -277,7 +268,7 @@ class LatentAlignmentModel(BamModel):
 
     @top_k.setter
     def top_k(self, value: Optional[int]) -> None:
-        check_top_k(value)
+        whole_number("top_k", value, optional=True)
         self._top_k = value
 
     def log_probs(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, tgt_mask: Tensor) -> Tensor:

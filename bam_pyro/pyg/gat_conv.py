@@ -206,7 +206,8 @@ class SparseEntriesCache:
         if x.is_inference() or x.requires_grad:  # no version counter to key on / never gathered
             return sparse_entries(x, self.out_channels)
         if self._source is None or self._source() is not x or self._version != x._version:
-            self._source, self._version = weakref.ref(x), x._version  # _version counts in-place writes
+            # Tensor._version counts in-place writes; torch has no public twin (tests/test_private_names.py)
+            self._source, self._version = weakref.ref(x), x._version
             self._entries = sparse_entries(x, self.out_channels)
         return self._entries
 

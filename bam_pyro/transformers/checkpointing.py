@@ -168,6 +168,7 @@ class BamCheckpoint:
 def replay_bayesian_checkpoints(layer: nn.Module, args: Any) -> None:
     """Forward pre-hook of a transformers layer with Bayesian attention: whichever checkpoint
     function ``gradient_checkpointing_enable`` gave it, wrap it in :class:`BamCheckpoint`."""
+    # private: transformers takes no checkpoint function of one's own, only its keywords (tests/test_private_names.py)
     checkpoint = getattr(layer, "_gradient_checkpointing_func", None)
     if getattr(layer, "gradient_checkpointing", False) and checkpoint is not None and not isinstance(checkpoint, BamCheckpoint):
         layer._gradient_checkpointing_func = BamCheckpoint(checkpoint)

@@ -3,11 +3,11 @@
 transformers routes every attention call, self- and cross-attention, through
 ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]``. :func:`to_bam` registers
 :func:`bam_attention_forward` under the name ``"bam"``, attaches a :class:`~bam_pyro.BayesianAttention`
-(``bam_attention``), sized by the module's own heads, to every module that calls that interface,
-and switches the model to it. The variational distribution reuses the pretrained query/key
-projections (Phi = log softmax of the scores of the model's eager attention: scaled dot
-products, soft-capped where the model does, plus T5's relative position bias); the contextual
-prior network is new, randomly initialized, a registered submodule (so it trains and is saved
+(``bam_attention``), sized by the module's own heads, to every module that calls that interface
+(:func:`calls_attention_interface`), and switches the model to it. The variational distribution
+reuses the pretrained query/key projections (Phi = log softmax of the scores of the model's
+eager attention: scaled dot products, soft-capped where the model does, plus T5's relative
+position bias); the contextual prior network is new, randomly initialized, a registered submodule (so it trains and is saved
 with the model). Each call of an attention module is its own Pyro sample site: ALBERT's shared
 layer, called 12 times, gives ``...bam_attention``, ``...bam_attention#2`` ... ``#12``, each with its own KL.
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import os
 from typing import Any, Optional
 
@@ -44,6 +45,8 @@ from .checkpointing import replay_bayesian_checkpoints
 #: encoder-decoder holds one side's head count only
 HEAD_COUNT_NAMES = ("num_attention_heads", "num_heads", "n_heads")
 HEAD_SIZE_NAMES = ("attention_head_size", "head_dim", "key_value_proj_dim")
+#: the registry of attention functions that transformers' attention modules call through
+ATTENTION_FUNCTIONS = "ALL_ATTENTION_FUNCTIONS"
 
 
 def _first_int(owner: Any, names: tuple[str, ...]) -> Optional[int]:
@@ -54,10 +57,20 @@ def _first_int(owner: Any, names: tuple[str, ...]) -> Optional[int]:
     return None
 
 
+def calls_attention_interface(module: nn.Module) -> bool:
+    """Whether the module's ``forward`` looks its attention function up in transformers'
+    ``ALL_ATTENTION_FUNCTIONS`` (read from the names its code refers to, not by running it): how
+    every attention module of transformers dispatches on ``attn_implementation``, whatever else
+    it carries (BERT's ``scaling`` attribute, or ModernBERT's scaling passed as an argument)."""
+    forward = inspect.unwrap(type(module).forward)
+    code = getattr(forward, "__code__", None)
+    return code is not None and ATTENTION_FUNCTIONS in code.co_names
+
+
 def _head_geometry(module: nn.Module) -> Optional[tuple[int, int]]:
     """(heads, head_size) of a module that calls the attention interface, else None. Such modules
-    carry ``scaling`` and their head layout (on themselves, or the head count on their config)."""
-    if not hasattr(module, "scaling"):
+    carry their head layout (on themselves, or the head count on their config)."""
+    if not calls_attention_interface(module):
         return None
     heads = _first_int(module, HEAD_COUNT_NAMES) or _first_int(getattr(module, "config", None), ("num_attention_heads",))
     head_size = _first_int(module, HEAD_SIZE_NAMES)
@@ -77,11 +90,11 @@ def attach_bayesian_attention(model: PreTrainedModel, config: BamConfig) -> None
             setattr(module, BAM_ATTRIBUTE, attention if weight is None else attention.to(weight.device))
             found += 1
     if not found:
-        raise ValueError(f"found no attention module in {type(model).__name__} (none has 'scaling' and a head layout)")
-    for layer in model.modules():
+        raise ValueError(f"found no attention module in {type(model).__name__} (none calls transformers' attention "
+                         "interface, ALL_ATTENTION_FUNCTIONS, and has a head layout)")
+    for layer in model.modules():  # a model is converted once (to_bam refuses a second time), so is each layer hooked
         if isinstance(layer, GradientCheckpointingLayer) and any(isinstance(m, BayesianAttention) for m in layer.modules()):
-            if replay_bayesian_checkpoints not in layer._forward_pre_hooks.values():
-                layer.register_forward_pre_hook(replay_bayesian_checkpoints)
+            layer.register_forward_pre_hook(replay_bayesian_checkpoints)
     model.config.bam = dataclasses.asdict(config)
 
 
@@ -156,6 +169,7 @@ def from_pretrained(pretrained: str | os.PathLike, model_class: Optional[type] =
             raise ValueError(f"{pretrained} does not say which class it was saved from; pass model_class")
         model_class = getattr(transformers, config.architectures[0])
     if not issubclass(model_class, PreTrainedModel):  # an auto class: the class it maps this config to
+        # private: transformers has no public lookup of an auto class's model class (tests/test_private_names.py)
         model_class = model_class._model_mapping[type(config)]
     model = _loading_class(model_class).from_pretrained(pretrained, attn_implementation=ATTN_IMPLEMENTATION, **kwargs)
     model.__class__ = model_class  # the loading subclass only served the construction
