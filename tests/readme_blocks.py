@@ -15,9 +15,11 @@ def python_blocks(path: Path) -> list[str]:
     return BLOCK.findall(Path(path).read_text())
 
 
-def run_blocks(path: Path) -> dict:
-    """Execute the blocks of ``path`` one after the other in one namespace and return it."""
+def run_blocks(*paths: Path) -> dict:
+    """Execute the blocks of ``paths`` one after the other in one namespace and return it (a page
+    may continue the example of the page before it)."""
     namespace: dict = {}
-    for number, block in enumerate(python_blocks(path), start=1):
-        exec(compile(block, f"{Path(path).name} python block {number}", "exec"), namespace)
+    for path in paths:
+        for number, block in enumerate(python_blocks(path), start=1):
+            exec(compile(block, f"{Path(path).name} python block {number}", "exec"), namespace)
     return namespace
