@@ -7,7 +7,9 @@ places, rewritten here:
   the way Sphinx would: a target inside the package becomes a cross-reference (checked by the
   strict build), any other one (Pyro, torch, inherited torch methods) inline code;
 - simple tables (columns under ``====  ====`` rules) become Markdown tables;
-- a paragraph ending in ``::`` (before a literal block) ends in ``:``.
+- a paragraph ending in ``::`` (before a literal block) ends in ``:``;
+- field lines (``name: what it is``, at the start of a line, for a parameter or attribute of the
+  documented object) become list items, which Markdown would otherwise run into one paragraph.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ ROLE = re.compile(r":(class|func|meth|mod|attr|data|exc|obj):`(~?)([\w.]+)(?:\(\
 MEMBER_ROLES = {"meth", "attr"}  # looked up on the documented object first, as Sphinx does
 RULE = re.compile(r"^=+( +=+)+$")  # the border of a reST simple table
 LITERAL = re.compile(r"(?<=\S)::$", flags=re.M)
+FIELD = re.compile(r"^(\w+):(?=\s)", flags=re.M)
 
 
 def _resolve(scope: griffe.Object, role: str, target: str) -> str | None:
@@ -77,7 +80,21 @@ def _rewrite(obj: griffe.Object, text: str) -> str:
         path = _resolve(obj, role, target)
         return f"[`{shown}`][{path}]" if path else f"`{shown}`"
 
-    return LITERAL.sub(":", ROLE.sub(link, _markdown_tables(text)))
+    names = _field_names(obj)
+
+    def field(match: re.Match) -> str:
+        return f"\n- `{match.group(1)}`:" if match.group(1) in names else match.group(0)
+
+    return FIELD.sub(field, LITERAL.sub(":", ROLE.sub(link, _markdown_tables(text))))
+
+
+def _field_names(obj: griffe.Object) -> set[str]:
+    """The names a docstring of ``obj`` may describe as fields: parameters and attributes."""
+    if obj.is_function:
+        return {parameter.name for parameter in obj.parameters}
+    if obj.is_class:
+        return {parameter.name for parameter in obj.parameters} | set(obj.members)
+    return set()
 
 
 class ReSTRoles(griffe.Extension):
