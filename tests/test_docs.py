@@ -49,6 +49,57 @@ def test_api_reference_covers_every_module():
     assert modules - documented == set()
 
 
+PACKAGE = {
+    "__init__.py": '''"""See :class:`~pkg.mod.Thing` and :class:`torch.Tensor`.
+
+=====  =====
+name   role
+=====  =====
+``a``  :func:`pkg.mod.make`
+=====  =====
+"""''',
+    "mod.py": '''"""Holds :class:`Thing` and :class:`pkg.mod.Missing`."""
+
+
+class Thing:
+    """A thing.
+
+    size: how big, in units of
+        :func:`make`.
+    colour: not a parameter of Thing.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+def make() -> Thing:
+    """Make one::
+
+        Thing(1)
+    """
+''',
+}
+
+
+def test_docstring_rest_is_read_as_markdown(tmp_path):
+    """docs/griffe_roles.py: roles become links inside the package (an unknown one too, for the
+    strict build to report) and code outside it; tables, fields and literal markers become Markdown."""
+    griffe = pytest.importorskip("griffe")
+    (tmp_path / "pkg").mkdir()
+    for name, source in PACKAGE.items():
+        (tmp_path / "pkg" / name).write_text(source)
+    extensions = griffe.load_extensions(str(DOCS / "griffe_roles.py"))
+    package = griffe.load("pkg", search_paths=[str(tmp_path)], extensions=extensions)
+    assert package.docstring.value.startswith("See [`Thing`][pkg.mod.Thing] and `torch.Tensor`.")
+    assert "| name | role |\n|---|---|\n| ``a`` | [`pkg.mod.make`][pkg.mod.make] |" in package.docstring.value
+    assert package["mod"].docstring.value == "Holds [`Thing`][pkg.mod.Thing] and [`pkg.mod.Missing`][pkg.mod.Missing]."
+    thing = package["mod.Thing"].docstring.value
+    assert "\n- `size`: how big, in units of\n    [`make`][pkg.mod.make]." in thing
+    assert "\ncolour: not a parameter" in thing
+    assert package["mod.make"].docstring.value.startswith("Make one:\n")
+
+
 def test_every_page_with_examples_is_run():
     with_examples = {
         str(page.relative_to(DOCS)) for page in DOCS.rglob("*.md") if python_blocks(page)
