@@ -1,18 +1,21 @@
-"""The Python examples of a Markdown page, in reading order: the README's and the getting-started
-page's blocks are run as a reader would paste them (from the checkout here, from an installed
-wheel in the packaging test)."""
+"""The ```python blocks of a Markdown file, for the tests that run the documentation's examples."""
+
+from __future__ import annotations
 
 import re
 from pathlib import Path
 
+_BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", flags=re.S | re.M)
+
+
+def python_blocks(path: str | Path) -> list[str]:
+    """The code of every fenced ```python block of the Markdown file at ``path``, in order."""
+    return _BLOCK.findall(Path(path).read_text(encoding="utf-8"))
+
+
 ROOT = Path(__file__).resolve().parents[1]
+#: the pages whose examples a reader runs first: every block must work from an installed wheel
 EXAMPLE_PAGES = (ROOT / "README.md", ROOT / "docs" / "getting-started.md")
-BLOCK = re.compile(r"^```python\n(.*?)^```", flags=re.S | re.M)
-
-
-def python_blocks(path: Path) -> list[str]:
-    """Every fenced ```python block of ``path``, in order; later blocks may use earlier ones' names."""
-    return BLOCK.findall(Path(path).read_text())
 
 
 def run_blocks(*paths: Path) -> dict:
