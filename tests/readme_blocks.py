@@ -11,3 +11,18 @@ _BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", flags=re.S | re.M)
 def python_blocks(path: str | Path) -> list[str]:
     """The code of every fenced ```python block of the Markdown file at ``path``, in order."""
     return _BLOCK.findall(Path(path).read_text(encoding="utf-8"))
+
+
+ROOT = Path(__file__).resolve().parents[1]
+#: the pages whose examples a reader runs first: every block must work from an installed wheel
+EXAMPLE_PAGES = (ROOT / "README.md", ROOT / "docs" / "getting-started.md")
+
+
+def run_blocks(*paths: Path) -> dict:
+    """Execute the blocks of ``paths`` one after the other in one namespace and return it (a page
+    may continue the example of the page before it)."""
+    namespace: dict = {}
+    for path in paths:
+        for number, block in enumerate(python_blocks(path), start=1):
+            exec(compile(block, f"{Path(path).name} python block {number}", "exec"), namespace)
+    return namespace
