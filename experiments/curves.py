@@ -11,7 +11,7 @@ from typing import Optional
 import pandas as pd
 
 from analysis.curves import curves_report
-from experiments.records import read_folders
+from experiments.records import read_folders, require_writable_folder
 
 
 def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
@@ -20,7 +20,11 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     parser.add_argument("--out", type=Path, required=True, help="folder for curves.csv, summary.md, curves.png")
     parser.add_argument("--overlay", action="store_true", help="all run groups on one axis per metric, a colour each")
     args = parser.parse_args(argv)
-    runs = [r for r in read_folders(args.folders) if r.get("training")]
+    try:
+        require_writable_folder(args.out)
+        runs = [r for r in read_folders(args.folders) if r.get("training")]
+    except ValueError as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
     for record in runs:
         record["run"] = f"{record['folder']}/{record['run']}" if len(args.folders) > 1 else record["run"]
     return curves_report(runs, args.out, overlay=args.overlay)

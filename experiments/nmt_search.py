@@ -39,6 +39,7 @@ from analysis.plots import plt, save_figure
 from bam_pyro import BamModel
 from experiments.multi30k import BOS, EOS, EncodedSplit, Multi30k
 from experiments.nmt import TASK
+from experiments.records import require_writable_folder
 from experiments.runner import load_trained
 from models.decoding import beam_hypotheses, length_limits, length_penalty_factor
 
@@ -159,6 +160,7 @@ def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
         parser.error("--sentences and --batch-size must be at least 1")
     out = args.out if args.out is not None else args.runs[0].resolve().parent.parent / f"search-{args.split}"
     try:
+        require_writable_folder(out)
         return compare_runs(args.runs, args.split, args.sentences, out, args.data_root, args.batch_size)
     except (ValueError, FileNotFoundError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")

@@ -18,6 +18,7 @@ import numpy as np
 from experiments.multi30k import BOS, EOS, ParallelBatch, SentencePairs, check_pairs, encode_split, make_batch
 from experiments.nmt import TASK, has_attention_posterior
 from experiments.nmt_attention import CHAINS, SENTENCES, attention_uncertainty
+from experiments.records import require_writable_folder
 from experiments.runner import load_trained
 from models.decoding import beam_search
 
@@ -78,6 +79,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Path]:
     if args.draws < 2 or args.chains < 1:
         parser.error("--draws must be at least 2 and --chains at least 1")
     try:
+        if args.out is not None:
+            require_writable_folder(args.out)
         return chosen_sentences(args.run, args.split, args.sentences, args.source, args.target, args.data_root,
                                 args.draws, args.chains, args.seed, args.out)
     except (ValueError, FileNotFoundError) as error:

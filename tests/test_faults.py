@@ -18,7 +18,7 @@ from typing import Callable, Iterator, NamedTuple, Optional, Sequence
 import pytest
 
 from bam_pyro.training import DamagedFile
-from experiments import collect, gat, nmt, vqa
+from experiments import collect, curves, gat, nmt, nmt_search, nmt_uncertainty, vqa
 from experiments.runner import load_trained
 
 RUN = "cora-soft-seed0"
@@ -147,10 +147,26 @@ def data_root_for_vqa(finished: Path, tmp: Path) -> Row:
     return Row(vqa.main, ["--data-root", "/nonexistent", "--no-progress", "--out", str(tmp / "vqa")], [tmp], ["--data-root"])
 
 
+def _analysis_into_a_file(main: Callable[[Sequence[str]], object], argv: list[str]) -> Callable[[Path, Path], Row]:
+    """An analysis command of finished runs whose ``--out`` is a file: refused before any run is read."""
+
+    def fault(finished: Path, tmp: Path) -> Row:
+        out = tmp / "results.txt"
+        out.write_text("not a folder\n")
+        run = str(finished / "runs" / RUN)
+        return Row(main, [*(a.replace("RUN", run).replace("FOLDER", str(finished)) for a in argv), "--out", str(out)],
+                   [finished, out], ["--out", str(out), "not a folder"])
+
+    fault.__name__ = f"{main.__module__.split('.')[-1]}_into_a_file"
+    return fault
+
+
 FAULTS = [damaged_checkpoint_of_an_unfinished_run, damaged_checkpoint_of_a_finished_run, damaged_record,
           record_of_another_shape, out_is_a_file, out_under_a_file, out_unwritable, unfinished_run_with_other_settings,
           finished_run_with_other_settings, merge_of_one_run_with_other_settings, collect_into_a_file,
-          top_k_zero_hard, top_k_zero_wc, data_root_for_vqa]
+          top_k_zero_hard, top_k_zero_wc, data_root_for_vqa,
+          _analysis_into_a_file(curves.main, ["FOLDER"]), _analysis_into_a_file(nmt_search.main, ["RUN"]),
+          _analysis_into_a_file(nmt_uncertainty.main, ["RUN"])]
 
 
 def snapshot(paths: Sequence[Path]) -> dict[str, Optional[str]]:
