@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 from .elbo import AttentionMeanFieldELBO
 from .model import BamModel
+from .validation import is_number
 
 Batch = tuple[tuple, dict]  # (positional args, keyword args) of one model call
 
@@ -79,11 +80,7 @@ def same_setting(a: Any, b: Any) -> bool:
     that an int and a float may be equal numbers; NaN equals NaN."""
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
-    return a == b and type(a) is type(b) or (_is_number(a) and _is_number(b) and float(a) == float(b))
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return a == b and type(a) is type(b) or (is_number(a) and is_number(b) and float(a) == float(b))
 
 
 class DamagedFile(ValueError):

@@ -28,6 +28,7 @@ import sentencepiece as spm
 import torch
 from torch import Tensor
 
+from bam_pyro.validation import whole_number
 from experiments.data_root import default_cache, require_files, resolve_data_root
 
 #: split name -> file stem under ``<data root>/multi30k`` (the test set is the 2016 Flickr one)
@@ -270,8 +271,7 @@ def load_multi30k(
 ) -> Multi30k:
     """Read, tokenize and length-filter the corpus. ``max_train`` keeps the first pairs of the
     training split only (quick runs); the BPE is always trained on the whole training split."""
-    if not isinstance(max_length, int) or max_length < 1:
-        raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
+    whole_number("max_length", max_length)
     splits = {name: read_split(name, data_root, hub_dataset) for name in SPLITS}
     vocabulary = train_bpe(splits["train"], bpe, cache)
     train = encode_split(splits["train"], vocabulary)

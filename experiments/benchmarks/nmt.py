@@ -2,7 +2,7 @@
 
     python -m experiments.bench nmt [--preset cpu --batch 64 --length 16 --vocab 8000 --steps 10 --threads 1]
 
-Prints one JSON line: the median SVI step time of every variant in :data:`VARIANTS` (``soft_ms``,
+Prints one JSON line: the median SVI step time of every variant in :data:`BENCH_MODELS` (``soft_ms``,
 ``bam_ms``, ...), its peak memory (``soft_peak_mb``, ...), and BAM-WC's ratios to soft
 (``time_ratio``, ``mem_ratio``). As in ``experiments.bench bert``, times come from one fresh process
 where the variants take their steps in turn (the same machine conditions for all), memory from one
@@ -26,7 +26,7 @@ from experiments.runner import whole_number
 
 #: JSON name -> task variant; ``soft`` is the baseline and ``bam`` the one the ratios compare; the
 #: latent-alignment variants of Deng et al. are timed beside them
-VARIANTS = {"soft": "soft", "bam": "wc", **{v: v for v in ("exact", "hard", "hard-enum", "va-enum", "va-sample", "va-relaxed")}}
+BENCH_MODELS = {"soft": "soft", "bam": "wc", **{v: v for v in ("exact", "hard", "hard-enum", "va-enum", "va-sample", "va-relaxed")}}
 
 
 def _training_step(variant: str, preset: str, batch: int, length: int, vocab: int) -> Callable[[], float]:
@@ -81,19 +81,19 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     p.add_argument("--steps", type=whole_number(1), default=10)
     p.add_argument("--warmup", type=whole_number(0), default=2)
     p.add_argument("--threads", type=whole_number(1), default=1, help="torch threads per process")
-    p.add_argument("--models", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
+    p.add_argument("--models", nargs="+", choices=list(BENCH_MODELS), default=list(BENCH_MODELS),
                    help="what to time beside soft and bam (always measured, with their memory)")
     args = p.parse_args(argv)
-    timed = {name: VARIANTS[name] for name in dict.fromkeys(["soft", "bam", *args.models])}
+    timed = {name: BENCH_MODELS[name] for name in dict.fromkeys(["soft", "bam", *args.models])}
     shape = (args.preset, args.batch, args.length, args.vocab)
     ms = in_fresh_process(measure_time, ([*timed.values()], *shape, args.steps, args.warmup, args.threads))
-    peak = {name: in_fresh_process(measure_memory, (VARIANTS[name], *shape, args.threads), RETURN_FREED_BLOCKS)
+    peak = {name: in_fresh_process(measure_memory, (BENCH_MODELS[name], *shape, args.threads), RETURN_FREED_BLOCKS)
             for name in ("soft", "bam")}
     result: dict[str, Any] = {"preset": args.preset, "batch": args.batch, "length": args.length, "vocab": args.vocab,
                               "threads": args.threads}
     result.update({f"{name}_ms": round(ms[variant], 1) for name, variant in timed.items()})
     result.update({f"{name}_peak_mb": round(peak[name], 1) for name in peak})
-    result["time_ratio"] = round(ms[VARIANTS["bam"]] / ms[VARIANTS["soft"]], 3)
+    result["time_ratio"] = round(ms[BENCH_MODELS["bam"]] / ms[BENCH_MODELS["soft"]], 3)
     result["mem_ratio"] = round(peak["bam"] / peak["soft"], 3)
     print(json.dumps(result), flush=True)
     return result
