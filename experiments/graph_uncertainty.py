@@ -20,7 +20,7 @@ from torch_geometric.utils import add_self_loops, degree, remove_self_loops
 
 from analysis.curves import training_curves
 from bam_pyro.diagnostics import AttentionDiagnostics, attention_chains, gather, neighbourhoods
-from bam_pyro.metrics import PAVPU_THRESHOLDS, reliability, uncertainty_report
+from bam_pyro.metrics import PAVPU_THRESHOLDS, Reliability, reliability, uncertainty_report
 from analysis.plots import neighbourhood_forest, prior_posterior, reliability_diagram, variant_comparison
 from analysis.tables import format_mean_std
 from bam_pyro import BayesianAttention
@@ -105,6 +105,20 @@ def uncertainty_table(results: pd.DataFrame, paper: Mapping[str, Mapping[str, fl
     return table
 
 
+def reliability_curves(runs: pd.DataFrame, folder: RunFolder) -> dict[str, Reliability]:
+    """Reliability data per variant and mode of one data set's runs (:func:`long_format` rows; the
+    curves are named by variant and mode), from the test probabilities that each one's first seed
+    saved in ``folder``; a run that saved none is left out."""
+    curves = {}
+    for (dataset, variant, mode), group in runs.groupby(["dataset", "variant", "mode"], sort=False):
+        seed = int(group["seed"].min())
+        saved = folder.run_dir(f"{dataset}-{variant}-seed{seed}") / f"{mode}-probs.npz"
+        if saved.exists():
+            arrays = np.load(saved)
+            curves[f"{variant} ({mode}, seed {seed})"] = reliability(arrays["probs"], arrays["labels"])
+    return curves
+
+
 def draw_figures(results: pd.DataFrame, out: Path) -> None:
     """Training curves of every run; with uncertainty, a variant comparison and reliability
     diagrams per data set (the first seed of each variant and mode)."""
@@ -121,12 +135,6 @@ def draw_figures(results: pd.DataFrame, out: Path) -> None:
         summary = summary.reset_index().assign(dataset=dataset)
         summary["variant"] = summary["variant"] + "/" + summary["mode"]
         variant_comparison(summary, ["test_acc", "ece", "pavpu@0.05"], out / "figures" / f"{dataset}-variants.png")
-        curves = {}
-        for (variant, mode), group in grouped:
-            seed = int(group["seed"].min())
-            saved = folder.run_dir(f"{dataset}-{variant}-seed{seed}") / f"{mode}-probs.npz"
-            if saved.exists():
-                arrays = np.load(saved)
-                curves[f"{variant} ({mode}, seed {seed})"] = reliability(arrays["probs"], arrays["labels"])
+        curves = reliability_curves(rows, folder)
         if curves:
             reliability_diagram(curves, out / "figures" / f"{dataset}-reliability.png", title=f"{dataset} test nodes")

@@ -427,10 +427,16 @@ def paired_table(task: Task, results: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def task_tables(task: Task, results: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The task's named tables of ``results`` (its ``tables``, else ``{"results": paired_table}``),
+    their index turned into columns, ready for Markdown and CSV."""
+    tables = task.tables(results) if task.tables else {"results": paired_table(task, results)}
+    return {name: table.reset_index() if any(table.index.names) else table for name, table in tables.items()}
+
+
 def write_tables(task: Task, results: pd.DataFrame, out: Path) -> dict[str, pd.DataFrame]:
     """``table.md`` (every table), ``table-<name>.csv`` each, and ``paired.png``; printed too."""
-    tables = task.tables(results) if task.tables else {"results": paired_table(task, results)}
-    tables = {name: table.reset_index() if any(table.index.names) else table for name, table in tables.items()}
+    tables = task_tables(task, results)
     text = "\n\n".join(f"### {name}\n\n{table.to_markdown(index=False, disable_numparse=True)}" for name, table in tables.items())
     (out / "table.md").write_text(text + "\n")
     for name, table in tables.items():

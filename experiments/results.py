@@ -1,0 +1,195 @@
+"""The committed results, and the docs tables and figures drawn from them.
+
+    python -m experiments.results gat                  # results/gat, results/graph -> docs/results
+    python -m experiments.results gat --add gat=runs/gat --add graph=runs/graph   # take new runs first
+
+``results/<source>/runs/<run>/`` holds the record of every run behind a table in the docs: the
+runner's ``record.json`` without its per-epoch history (the bulk of it; the epochs trained and the
+one kept stay), beside the small files a figure reads (``*.npz``). Checkpoints and other artifacts
+stay in the run folders. A task registers once, in :data:`PUBLISHED`, what it publishes: each
+table or figure and the folder of ``results/`` it is drawn from. The tables are the runner's own
+(:func:`experiments.runner.task_tables`, the ``table.md`` a sweep prints), rows in the task's order
+of panels and variants, so the same records give byte-identical Markdown; ``tests/test_results.py``
+checks that the committed ``docs/results`` are what the committed records give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence, Union
+
+import pandas as pd
+
+from analysis.plots import paired_runs, reliability_diagram
+from experiments.collect import task_of
+from experiments.graph_uncertainty import long_format, reliability_curves
+from experiments.records import RunFolder, flatten, read_folders
+from experiments.runner import Task, require_agreement, task_tables
+
+RECORDS = Path("results")
+DOCS = Path("docs/results")
+
+#: draws a figure of ``results`` (the runs of ``folder``) to ``path``; returns the files written
+Draw = Callable[[Task, pd.DataFrame, RunFolder, Path], list[Path]]
+
+
+@dataclass(frozen=True)
+class Table:
+    """``<out>/<file>``: the task's table ``name`` of the runs in ``results/<source>``, with only
+    ``columns`` (all of them if None)."""
+
+    file: str
+    source: str
+    name: str
+    columns: Optional[tuple[str, ...]] = None
+
+
+@dataclass(frozen=True)
+class Figure:
+    """``<out>/<file>`` (or one file per panel, named from it): drawn by ``draw`` from the runs in
+    ``results/<source>``."""
+
+    file: str
+    source: str
+    draw: Draw
+
+
+def paired_figure(task: Task, results: pd.DataFrame, folder: RunFolder, path: Path) -> list[Path]:
+    """Every seed's first metric per variant, joined by seed (the runner's ``paired.png``)."""
+    metrics = {p: task.metrics_of(p)[0] for p in results[task.panel].unique() if task.metrics_of(p)}
+    return [paired_runs(results, task.panel, metrics, path)]
+
+
+def reliability_figures(task: Task, results: pd.DataFrame, folder: RunFolder, path: Path) -> list[Path]:
+    """A reliability diagram of the graph runs' test nodes per data set: ``<stem>_<dataset>.png``."""
+    written = []
+    for dataset, runs in long_format(results).groupby("dataset", sort=False):
+        curves = reliability_curves(runs, folder)
+        if curves:
+            target = path.with_name(f"{path.stem}_{dataset}{path.suffix}")
+            written.append(reliability_diagram(curves, target, title=f"{dataset} test nodes"))
+    return written
+
+
+#: per task (``experiments.<task>``), what it publishes to the docs
+PUBLISHED: dict[str, tuple[Union[Table, Figure], ...]] = {
+    "gat": (
+        Table("gat_accuracy.md", "gat", "accuracy"),
+        Table("gat_uncertainty.md", "graph", "uncertainty",
+              ("dataset", "variant", "mode", "seeds", "test_acc", "sample_acc", "nll", "ece", "pavpu@0.05")),
+        Figure("gat_paired.png", "gat", paired_figure),
+        Figure("gat_reliability.png", "graph", reliability_figures),
+    ),
+}
+
+
+def in_task_order(table: pd.DataFrame, task: Task) -> pd.DataFrame:
+    """Rows ordered by the task's panels, then its variants (a stable sort: ties keep their order)."""
+    for column, order in (("variant", task.variants), (task.panel, task.panels)):
+        if column in table:
+            rank = {value: i for i, value in enumerate(order)}
+            table = table.sort_values(column, key=lambda values: values.map(lambda v: rank.get(v, len(rank))),
+                                      kind="stable")
+    return table.reset_index(drop=True)
+
+
+def load_results(task: Task, folder: Path) -> pd.DataFrame:
+    """One row per run in ``folder`` (``runs/*/record.json``), in the task's order, seeds ascending.
+    Raises ``ValueError`` if the runs mix settings (:func:`~experiments.runner.require_agreement`)."""
+    records = read_folders([folder])
+    if {r["task"] for r in records} != {task.name}:
+        raise ValueError(f"{folder} holds runs of tasks {sorted({r['task'] for r in records})}, not only {task.name!r}")
+    results = pd.DataFrame([flatten(r) for r in records]).sort_values("seed", kind="stable")
+    settings = [name for name in records[0]["settings"] if name != "seed"]
+    require_agreement(results, task, settings, f"{folder} should hold one experiment's runs")
+    return in_task_order(results, task)
+
+
+def table_markdown(task: Task, spec: Table, results: pd.DataFrame) -> str:
+    """The Markdown of one published table, with a comment naming its command and records."""
+    tables = task_tables(task, results)
+    if spec.name not in tables:
+        raise ValueError(f"task {task.name!r} makes no table {spec.name!r} of results/{spec.source} (it makes {sorted(tables)})")
+    table = in_task_order(tables[spec.name], task)
+    if spec.columns is not None:
+        table = table[list(spec.columns)]
+    note = f"<!-- python -m experiments.results {task.name}: table {spec.name!r} of results/{spec.source}; do not edit -->"
+    return f"{note}\n\n{table.to_markdown(index=False, disable_numparse=True)}\n"
+
+
+def build(name: str, records: Path = RECORDS, out: Path = DOCS) -> list[Path]:
+    """Write every table and figure task ``name`` publishes from the records under ``records``
+    into ``out``; returns the files written."""
+    if name not in PUBLISHED:
+        raise ValueError(f"task {name!r} publishes no results; known: {sorted(PUBLISHED)}")
+    task = task_of(name)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {source: load_results(task, records / source) for source in sorted({s.source for s in PUBLISHED[name]})}
+    written = []
+    for spec in PUBLISHED[name]:
+        if isinstance(spec, Table):
+            path = out / spec.file
+            path.write_text(table_markdown(task, spec, results[spec.source]))
+            written.append(path)
+        else:
+            written += spec.draw(task, results[spec.source], RunFolder(records / spec.source), out / spec.file)
+    return written
+
+
+def add_runs(name: str, folder: Path, destination: Path) -> list[str]:
+    """Copy the finished runs of output folder ``folder`` into ``destination`` (a run already there
+    is replaced): each record without its per-epoch history, and the run's ``*.npz`` files.
+    Returns the runs' names."""
+    found = RunFolder(folder).records()
+    if not found:
+        raise FileNotFoundError(f"no finished runs in {folder} (no runs/*/record.json)")
+    other = sorted({r["task"] for r in found} - {name})
+    if other:
+        raise ValueError(f"{folder} holds runs of tasks {other}, not {name!r}")
+    target, runs = RunFolder(destination), []
+    for record in found:
+        runs.append(record.pop("run"))
+        if record.get("training"):
+            record["training"] = {k: v for k, v in record["training"].items() if k != "history"}
+        target.save(runs[-1], record)
+        for artifact in sorted(RunFolder(folder).run_dir(runs[-1]).glob("*.npz")):
+            shutil.copyfile(artifact, target.run_dir(runs[-1]) / artifact.name)
+    return runs
+
+
+def source_folder(text: str) -> tuple[str, Path]:
+    """``SOURCE=FOLDER`` of ``--add``."""
+    source, sep, folder = text.partition("=")
+    if not sep or not source or not folder:
+        raise argparse.ArgumentTypeError(f"expected SOURCE=FOLDER, got {text!r}")
+    return source, Path(folder)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
+    parser = argparse.ArgumentParser(prog="python -m experiments.results", description=__doc__.split("\n\n")[0])
+    parser.add_argument("task", choices=sorted(PUBLISHED))
+    parser.add_argument("--records", type=Path, default=RECORDS, help="the committed records (default: results)")
+    parser.add_argument("--out", type=Path, default=DOCS, help="where the tables and figures go (default: docs/results)")
+    parser.add_argument("--add", type=source_folder, action="append", default=[], metavar="SOURCE=FOLDER",
+                        help="first copy the finished runs of output folder FOLDER into <records>/SOURCE")
+    args = parser.parse_args(argv)
+    sources = sorted({spec.source for spec in PUBLISHED[args.task]})
+    try:
+        for source, folder in args.add:
+            if source not in sources:
+                raise ValueError(f"task {args.task} publishes from {sources}, not {source!r}")
+            runs = add_runs(args.task, folder, args.records / source)
+            print(f"{args.records / source}: {len(runs)} runs from {folder}")
+        written = build(args.task, args.records, args.out)
+    except (ValueError, FileNotFoundError) as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    for path in written:
+        print(path)
+    return written
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""The docs' results tables are what the committed records give (experiments.results)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from experiments.collect import task_of
+from experiments.records import RunFolder
+from experiments.results import DOCS, PUBLISHED, RECORDS, Table, add_runs, build, load_results, table_markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED_RECORDS, COMMITTED_DOCS = ROOT / RECORDS, ROOT / DOCS
+ACCURACY = next(spec for spec in PUBLISHED["gat"] if isinstance(spec, Table) and spec.name == "accuracy")
+
+
+@pytest.mark.parametrize("task", sorted(PUBLISHED))
+def test_committed_tables_regenerate_byte_for_byte(task, tmp_path):
+    written = build(task, COMMITTED_RECORDS, tmp_path)
+    tables = [spec.file for spec in PUBLISHED[task] if isinstance(spec, Table)]
+    for file in tables:
+        assert (tmp_path / file).read_bytes() == (COMMITTED_DOCS / file).read_bytes(), (
+            f"docs/results/{file} is not what results/ gives: run python -m experiments.results {task}")
+    figures = [path.name for path in written if path.suffix == ".png"]
+    assert figures, "no figure drawn"
+    for name in figures:
+        assert (COMMITTED_DOCS / name).is_file(), f"docs/results/{name} is not committed"
+
+
+def test_every_committed_table_is_published():
+    published = {spec.file for specs in PUBLISHED.values() for spec in specs if isinstance(spec, Table)}
+    assert {path.name for path in COMMITTED_DOCS.glob("*.md")} <= published
+
+
+def edited_copy(tmp_path: Path, run: str, edit) -> Path:
+    """A copy of results/gat whose record of ``run`` went through ``edit``."""
+    folder = tmp_path / "gat"
+    shutil.copytree(COMMITTED_RECORDS / "gat", folder)
+    path = RunFolder(folder).run_dir(run) / "record.json"
+    record = json.loads(path.read_text())
+    edit(record)
+    path.write_text(json.dumps(record))
+    return folder
+
+
+def test_a_changed_record_changes_its_table(tmp_path):
+    task = task_of("gat")
+    committed = load_results(task, COMMITTED_RECORDS / "gat")
+    runs = committed[(committed["dataset"] == "cora") & (committed["variant"] == "wc")]
+    folder = edited_copy(tmp_path, "cora-wc-seed0", lambda r: r["metrics"].update(test_acc=r["metrics"]["test_acc"] + 10))
+    text = table_markdown(task, ACCURACY, load_results(task, folder))
+    assert text != (COMMITTED_DOCS / ACCURACY.file).read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| cora ") and "| wc " in line)
+    assert f"| {runs['test_acc'].mean() + 10 / len(runs):.2f} ± " in row
+
+
+def test_runs_of_other_settings_are_refused(tmp_path):
+    folder = edited_copy(tmp_path, "cora-wc-seed0", lambda r: r["settings"].update(lr=0.01))
+    with pytest.raises(ValueError, match="lr"):
+        load_results(task_of("gat"), folder)
+
+
+def test_added_runs_keep_records_and_probabilities_not_checkpoints(tmp_path):
+    source = RunFolder(COMMITTED_RECORDS / "graph").run_dir("cora-wc-seed0")
+    sweep = RunFolder(tmp_path / "sweep")
+    record = json.loads((source / "record.json").read_text())
+    record["training"]["history"] = [{"epoch": 0, "loss": 1.0}]
+    sweep.save("cora-wc-seed0", record)
+    for artifact in source.glob("*.npz"):
+        shutil.copyfile(artifact, sweep.run_dir("cora-wc-seed0") / artifact.name)
+    (sweep.run_dir("cora-wc-seed0") / "checkpoint.pt").write_bytes(b"weights")
+
+    assert add_runs("gat", sweep.out, tmp_path / "results") == ["cora-wc-seed0"]
+    added = tmp_path / "results" / "runs" / "cora-wc-seed0"
+    kept = json.loads((added / "record.json").read_text())
+    assert "history" not in kept["training"] and kept["training"]["best_epoch"] == record["training"]["best_epoch"]
+    assert kept["metrics"] == record["metrics"] and kept["settings"] == record["settings"]
+    assert sorted(p.name for p in added.iterdir()) == sorted(["record.json", *(p.name for p in source.glob("*.npz"))])
+    with pytest.raises(ValueError, match="not 'vqa'"):
+        add_runs("vqa", sweep.out, tmp_path / "other")
