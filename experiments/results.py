@@ -4,8 +4,8 @@
     python -m experiments.results gat --add gat=runs/gat --add graph=runs/graph   # take new runs first
 
 ``results/<source>/runs/<run>/`` holds the record of every run behind a table in the docs: the
-runner's ``record.json`` without its per-epoch history (the bulk of it; the epochs trained and the
-one kept stay), beside the small files a figure reads (``*.npz``). Checkpoints and other artifacts
+runner's ``record.json`` (settings, metrics and the per-epoch history), beside the small files a
+figure reads (``*.npz``). Checkpoints and other artifacts
 stay in the run folders. A task registers once, in :data:`PUBLISHED`, what it publishes: each
 table or figure and the folder of ``results/`` it is drawn from. The tables are the runner's own
 (:func:`experiments.runner.task_tables`, the ``table.md`` a sweep prints), rows in the task's order
@@ -23,6 +23,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import pandas as pd
 
+from analysis.curves import training_curves
 from analysis.plots import paired_runs, reliability_diagram
 from experiments.collect import task_of
 from experiments.graph_uncertainty import long_format, reliability_curves
@@ -74,6 +75,11 @@ def reliability_figures(task: Task, results: pd.DataFrame, folder: RunFolder, pa
     return written
 
 
+def curves_figure(task: Task, results: pd.DataFrame, folder: RunFolder, path: Path) -> list[Path]:
+    """The validation curves of every run, a dot at its kept epoch (``python -m experiments.curves``)."""
+    return [training_curves([r for r in folder.records() if r.get("training")], path)]
+
+
 #: per task (``experiments.<task>``), what it publishes to the docs
 PUBLISHED: dict[str, tuple[Union[Table, Figure], ...]] = {
     "gat": (
@@ -81,6 +87,7 @@ PUBLISHED: dict[str, tuple[Union[Table, Figure], ...]] = {
         Table("gat_uncertainty.md", "graph", "uncertainty",
               ("dataset", "variant", "mode", "seeds", "test_acc", "sample_acc", "nll", "ece", "pavpu@0.05")),
         Figure("gat_paired.png", "gat", paired_figure),
+        Figure("gat_curves.png", "gat", curves_figure),
         Figure("gat_reliability.png", "graph", reliability_figures),
     ),
 }
@@ -141,7 +148,7 @@ def build(name: str, records: Path = RECORDS, out: Path = DOCS) -> list[Path]:
 
 def add_runs(name: str, folder: Path, destination: Path) -> list[str]:
     """Copy the finished runs of output folder ``folder`` into ``destination`` (a run already there
-    is replaced): each record without its per-epoch history, and the run's ``*.npz`` files.
+    is replaced): each record, and the run's ``*.npz`` files.
     Returns the runs' names."""
     found = RunFolder(folder).records()
     if not found:
@@ -152,8 +159,6 @@ def add_runs(name: str, folder: Path, destination: Path) -> list[str]:
     target, runs = RunFolder(destination), []
     for record in found:
         runs.append(record.pop("run"))
-        if record.get("training"):
-            record["training"] = {k: v for k, v in record["training"].items() if k != "history"}
         target.save(runs[-1], record)
         for artifact in sorted(RunFolder(folder).run_dir(runs[-1]).glob("*.npz")):
             shutil.copyfile(artifact, target.run_dir(runs[-1]) / artifact.name)
