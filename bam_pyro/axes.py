@@ -88,7 +88,7 @@ class DenseKeys:
                     f"attention {name} must broadcast to [..., heads, queries, keys] "
                     f"(at least 3 dims), got shape {tuple(given.shape)}"
                 )
-        if mask is not None and query_mask is not None and not _broadcast(mask.shape, query_mask.shape):
+        if mask is not None and query_mask is not None and not broadcastable(mask.shape, query_mask.shape):
             raise ValueError(f"attention mask of shape {tuple(mask.shape)} and query_mask of shape "
                              f"{tuple(query_mask.shape)} do not broadcast together")
         #: the mask of the keys each query normalizes over
@@ -101,7 +101,7 @@ class DenseKeys:
         #: the entries of the sample site: valid keys of valid queries
         self.mask = mask if query_mask is None else query_mask if mask is None else mask & query_mask
         if self.mask is not None:  # a mask shared by the batch ([1, 1, 1, keys]) stands for all of it
-            if not _broadcast(self.mask.shape[:-3], torch.Size(batch_shape)):
+            if not broadcastable(self.mask.shape[:-3], torch.Size(batch_shape)):
                 raise ValueError(f"attention mask of shape {tuple(self.mask.shape)} does not broadcast to the "
                                  f"batch {tuple(batch_shape)}")
             batch_shape = torch.broadcast_shapes(self.mask.shape[:-3], torch.Size(batch_shape))
@@ -135,7 +135,7 @@ class DenseKeys:
         return event.numel() if self.mask is None else int(self.mask.expand(event).sum())
 
 
-def _broadcast(*shapes: torch.Size) -> bool:
+def broadcastable(*shapes: torch.Size) -> bool:
     """Whether the shapes broadcast together."""
     try:
         torch.broadcast_shapes(*shapes)

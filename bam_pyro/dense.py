@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
 from torch import Tensor, nn
 
 from .attention import BayesianAttention
-from .axes import DenseKeys
+from .axes import DenseKeys, broadcastable
 from .config import BamConfig
 from .scoring import make_score
+from .validation import whole_number
 
 
 class MultiHeadBayesianAttention(nn.Module):
@@ -38,9 +38,8 @@ class MultiHeadBayesianAttention(nn.Module):
         batch_dims: int = 1,
     ) -> None:
         super().__init__()
-        for name, value in (("d_model", d_model), ("num_heads", num_heads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        whole_number("d_model", d_model)
+        whole_number("num_heads", num_heads)
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
         self.num_heads, self.head_dim = num_heads, d_model // num_heads
@@ -82,8 +81,6 @@ def _check_padding_mask(role: str, mask: Tensor, inputs: Tensor) -> None:
     units = "keys" if role == "key" else "queries"
     if mask.shape[-1] != inputs.shape[-2]:
         raise ValueError(f"{role}_padding_mask has {mask.shape[-1]} {units}, {role} has {inputs.shape[-2]}")
-    try:
-        torch.broadcast_shapes(mask.shape[:-1], inputs.shape[:-2])
-    except RuntimeError:
+    if not broadcastable(mask.shape[:-1], inputs.shape[:-2]):
         raise ValueError(f"{role}_padding_mask of shape {tuple(mask.shape)} does not broadcast to {role}'s batch "
-                         f"{tuple(inputs.shape[:-2])} ({role}: {tuple(inputs.shape)})") from None
+                         f"{tuple(inputs.shape[:-2])} ({role}: {tuple(inputs.shape)})")

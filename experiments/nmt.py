@@ -58,9 +58,7 @@ from experiments.nmt_attention import attention_uncertainty
 from experiments.runner import RunContext, RunSettings, Task, positive, require, run_cli
 from models.decoding import beam_search
 from guides.alignment import InferenceNetwork
-from bam_pyro.alignment import guide_for
-from bam_pyro.alignment import ALIGNMENT_VARIANTS
-from bam_pyro.alignment import AlignmentConfig, LatentAlignmentModel, elbo_for
+from bam_pyro.alignment import ALIGNMENT_VARIANTS, AlignmentConfig, LatentAlignmentModel, elbo_for, guide_for
 from models.nmt import PRESETS, Seq2Seq, build_translator
 
 
