@@ -16,10 +16,13 @@ Any leading dimensions (posterior samples, particles, batches) broadcast through
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import Optional, Protocol, Union
 
 import torch
 from torch import Tensor
+
+from .host_reads import values_at_hand
+
 
 class AttentionAxis(Protocol):
     #: number of trailing dimensions that make up one attention map (the Pyro event dims)
@@ -47,8 +50,9 @@ class AttentionAxis(Protocol):
         """Softmax of per-key values ``[..., keys, heads]`` over every valid key of the call: one
         distribution shared by all queries, still per key (masked keys get 0)."""
 
-    def num_valid(self, entries: Tensor) -> int:
-        """Number of valid entries in one attention map of ``entries`` (no sample dims)."""
+    def num_valid(self, entries: Tensor) -> Union[int, Tensor]:
+        """Number of valid entries in one attention map of ``entries`` (no sample dims): an int
+        where the shapes tell, else a 0-dim tensor on the mask's device (never read on the host)."""
 
 
 class DenseKeys:
@@ -69,9 +73,10 @@ class DenseKeys:
     as PyG's softmax leaves a node without edges: its attention output is zero. PyTorch's
     ``scaled_dot_product_attention`` gives NaN there instead, which one such query spreads to the
     loss and every gradient of its batch; a uniform weight over the padding (what a large negative
-    fill alone gives) would mix padding into the output silently. Finding such rows costs one
-    look at the mask per call (a device synchronization on a GPU), and normalizing samples that
-    hold them leaves the fast path (see :func:`~bam_pyro.normalize.normalize`).
+    fill alone gives) would mix padding into the output silently. On CPU (eager) a look at the mask
+    skips zeroing them when there are none; on an accelerator, on ``meta`` and under
+    ``torch.compile`` they are zeroed unconditionally (one more pass over the weights), so that no
+    call reads the mask on the host (see :mod:`bam_pyro.host_reads`).
     """
 
     recompute = True  # maps grow with the square of the length
@@ -93,11 +98,11 @@ class DenseKeys:
                              f"{tuple(query_mask.shape)} do not broadcast together")
         #: the mask of the keys each query normalizes over
         self.key_mask = mask
-        #: queries without any valid key (their weights are zero), or None if there are none
+        #: queries without any valid key (their weights are zero), or None if known to be none
         self.empty_rows = None
         if mask is not None:
             empty = ~mask.any(dim=-1, keepdim=True)
-            self.empty_rows = empty if bool(empty.any()) else None
+            self.empty_rows = None if values_at_hand(empty) and not bool(empty.any()) else empty
         #: the entries of the sample site: valid keys of valid queries
         self.mask = mask if query_mask is None else query_mask if mask is None else mask & query_mask
         if self.mask is not None:  # a mask shared by the batch ([1, 1, 1, keys]) stands for all of it
@@ -130,9 +135,9 @@ class DenseKeys:
             per_key = per_key.masked_fill(~valid, torch.finfo(per_key.dtype).min)
         return per_key.softmax(dim=-2)
 
-    def num_valid(self, entries: Tensor) -> int:
+    def num_valid(self, entries: Tensor) -> Union[int, Tensor]:
         event = entries.shape[-self.event_dim:]  # the batch as the entries have it, not as the mask
-        return event.numel() if self.mask is None else int(self.mask.expand(event).sum())
+        return event.numel() if self.mask is None else self.mask.expand(event).sum()
 
 
 def broadcastable(*shapes: torch.Size) -> bool:

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from .axes import AttentionAxis
+from .host_reads import values_at_hand
 
 #: The reference code's floor inside ``log(softmax + eps)``: keeps Phi >= log(1e-20), finite
 #: also on masked entries, which Pyro masks with ``torch.where`` (an inf there poisons gradients).
@@ -88,18 +89,39 @@ class _Normalize(torch.autograd.Function):
 def normalize(axis: AttentionAxis, s: Tensor) -> Tensor:
     """``W = S / sum_keys S`` over each query's valid keys (masked keys get exactly 0).
 
-    The ratio is taken directly when every sum is a positive finite float, which is the rule for
-    Weibull samples; otherwise in log space, as ``softmax(log S)``, with S clamped into the
-    positive finite floats so that rows holding 0 or inf stay distributions (samples of a
+    The ratio is taken directly where a row's sum is a positive finite float, which is the rule for
+    Weibull samples; other rows are normalized in log space, as ``softmax(log S)``, with S clamped
+    into the positive finite floats so that rows holding 0 or inf stay distributions (samples of a
     LogNormal prior with a huge sigma_p, such as the paper's 1e15, when the model runs without a
     guide). The backward keeps S and the sums (and W only where the axis does not recompute).
+
+    Which rows need the log space is known only from the values. Eager on CPU one look decides
+    for the whole call (the log space for all rows if any needs it). Where a look would cost a
+    host synchronization (an accelerator), fail (``meta``) or break the graph (``torch.compile``),
+    both are computed and each row takes its own, with no read on the host: the same weights as the
+    ratio on every row that allows it, for a few more element-wise passes (fused when compiled).
+    See :mod:`bam_pyro.host_reads`.
     """
     with torch.no_grad():
         valid = axis.zero_masked_keys(s)
         total = axis.key_sum(valid)
-    if not bool(((total > 0) & (total < math.inf)).all()):
-        info = torch.finfo(s.dtype)
-        return axis.softmax(s.clamp(info.tiny, info.max).log())
+        by_ratio = (total > 0) & (total < math.inf)
+    if values_at_hand(by_ratio):
+        return _ratio(axis, s, valid, total) if bool(by_ratio.all()) else _in_log_space(axis, s)
+    # each row through one path; the other path sees harmless values there (0 / 1, or S = 1), so
+    # neither its value nor its gradient holds an inf or a NaN for torch.where to multiply by zero
+    ratio = _ratio(axis, torch.where(by_ratio, s, 0.0), torch.where(by_ratio, valid, 0.0), torch.where(by_ratio, total, 1.0))
+    return torch.where(by_ratio, ratio, _in_log_space(axis, torch.where(by_ratio, 1.0, s)))
+
+
+def _ratio(axis: AttentionAxis, s: Tensor, valid: Tensor, total: Tensor) -> Tensor:
+    """``valid / total``, with the backward of :class:`_Normalize` when S needs a gradient."""
     if not (torch.is_grad_enabled() and s.requires_grad):
         return valid / total
     return _Normalize.apply(s, valid, total, axis)
+
+
+def _in_log_space(axis: AttentionAxis, s: Tensor) -> Tensor:
+    """``softmax(log S)`` with S clamped into the positive finite floats."""
+    info = torch.finfo(s.dtype)
+    return axis.softmax(s.clamp(info.tiny, info.max).log())

@@ -10,7 +10,8 @@ and attaches its scores Phi_l to the site, from which the amortized guide
 therefore share one forward pass of the network; without a guide the site samples the prior.
 
 The site's KL weight (annealing times reduction) is applied with ``poutine.scale``, and
-``TraceMeanField_ELBO`` scales the analytic KL by it. Both prior and q are wrapped in
+``TraceMeanField_ELBO`` scales the analytic KL by it (a 0-dim tensor where a mask counts the valid
+entries: :func:`mean_scale`). Both prior and q are wrapped in
 an :class:`~bam_pyro.attention_map.AttentionMap`: one event per attention call, padding masked
 out (the KL of padded entries is exactly zero), the KL summed over the valid entries directly.
 """
@@ -20,10 +21,11 @@ from __future__ import annotations
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 import pyro
 import pyro.distributions as dist
+import torch
 from pyro import poutine
 from torch import Tensor
 
@@ -75,13 +77,27 @@ class AttentionSites:
     def sample(self, name: str, prior: dist.TorchDistribution, info: AttentionSiteInfo, axis: AttentionAxis) -> Tensor:
         scale = self.kl_scale
         if self.mean_over_sites is not None:
-            scale = scale / (self.mean_over_sites * max(axis.num_valid(info.phi), 1))
+            scale = mean_scale(scale, self.mean_over_sites, axis.num_valid(info.phi), info.phi.dtype)
         with poutine.scale(scale=scale):
             return pyro.sample(name, info.as_site_distribution(prior), infer={SITE_INFO: info})
 
     def record(self, name: str, weights: Tensor, event_dim: int) -> None:
         if self.record_weights:
             pyro.deterministic(f"{name}.weights", weights, event_dim=event_dim)
+
+
+def mean_scale(kl_scale: float, num_sites: int, num_valid: Union[int, Tensor], dtype: torch.dtype) -> Union[float, Tensor]:
+    """``kl_scale / (num_sites * max(num_valid, 1))``, the weight of one site's summed KL under the
+    ``mean`` reduction. A count the mask gives (a 0-dim tensor) is never read on the host, which
+    would be a synchronization per attention call on an accelerator: the weight is a 0-dim tensor
+    on its device, computed in float64 (float32 on MPS, which has no float64) and rounded to the
+    KL's dtype (at least float32), so it multiplies the KL as the host's float would."""
+    if isinstance(num_valid, int):
+        return kl_scale / (num_sites * max(num_valid, 1))
+    if num_valid.device.type == "mps":
+        return kl_scale / (num_sites * num_valid.clamp_min(1).float())
+    weight = kl_scale / (num_sites * num_valid.clamp_min(1).double())
+    return weight.to(torch.promote_types(dtype, torch.float32))
 
 
 _ACTIVE: list[AttentionSites] = []

@@ -51,6 +51,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from bam_pyro import BamConfig, BamModel, BayesianAttention, DenseKeys, ObjectiveConfig
 from bam_pyro.alignment import target_plates
+from bam_pyro.host_reads import value_checks_enabled
 from bam_pyro.validation import whole_number
 
 #: range of the uniform initialization of the network's weights (OpenNMT's default, as Deng et al.)
@@ -175,7 +176,7 @@ class Seq2Seq(nn.Module):
     def encode(self, src: Tensor, src_mask: Tensor) -> Memory:
         """``src``, ``src_mask``: ``[B, S]`` ids and True at real tokens (padding on the right)."""
         lengths = src_mask.sum(-1)
-        if bool((lengths == 0).any()):
+        if value_checks_enabled(lengths) and bool((lengths == 0).any()):
             rows = (lengths == 0).nonzero().flatten().tolist()
             raise ValueError(f"empty source sentence in the batch (rows {rows[:5]})")
         packed = pack_padded_sequence(self.dropout(self.source_embedding(src)), lengths.cpu(), batch_first=True,

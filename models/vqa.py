@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from bam_pyro import BamConfig, BamModel, MultiHeadBayesianAttention, ObjectiveConfig
+from bam_pyro.host_reads import value_checks_enabled
 from bam_pyro.validation import whole_number
 
 
@@ -225,7 +226,7 @@ class VqaNetwork(nn.Module):
         if words.dim() != 2 or words.shape[0] != features.shape[-3]:
             raise ValueError(f"words [batch, length] {tuple(words.shape)} do not match features {tuple(features.shape)}")
         mask = words != 0
-        if not bool(mask[:, 0].all()):
+        if value_checks_enabled(mask) and not bool(mask[:, 0].all()):
             raise ValueError("every question needs at least one word, right-padded with 0")
         question, _ = self.lstm(self.embedding(words))  # [B, L, d], deterministic
         question = question.expand(*features.shape[:-3], *question.shape)  # the draws' own dropout

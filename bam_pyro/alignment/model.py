@@ -305,7 +305,7 @@ class LatentAlignmentModel(BamModel):
             def mixed(a: int, b: int) -> Tensor:
                 return torch.matmul(draws[..., a:b, :], source.unsqueeze(1))
 
-            return torch.full(draws.shape[:-1], -math.log(draws.size(-2)), device=draws.device), mixed
+            return draws.new_full(draws.shape[:-1], -math.log(draws.size(-2))), mixed
         log_prior = masked_scores(scores, mask).log_softmax(-1)
         if self.top_k is None:
             return log_prior, lambda a, b: source[:, None, a:b]

@@ -9,6 +9,8 @@ from torch import Tensor
 from torch_geometric.utils import scatter
 from torch_geometric.utils import softmax as segment_softmax
 
+from ..host_reads import values_at_hand
+
 
 #: largest spread of values over all edges (per head) for which EdgeKeys.softmax shifts them by one
 #: shared maximum: exp of anything in (-80, 0] is a normal float32 (and bfloat16; float16 never shifts so)
@@ -35,10 +37,12 @@ class EdgeKeys:
         # Any shift by a constant per target gives the same softmax; the usual one, each target's
         # maximum, needs torch's scatter amax, the slowest scatter on CPU. One maximum per head
         # over all edges is as exact whenever no value lies more than SHARED_SHIFT_RANGE below it
-        # (no exp under- or overflows); otherwise fall back to PyG's per-target shift.
+        # (no exp under- or overflows); otherwise fall back to PyG's per-target shift. Telling
+        # which needs a look at the values, taken only where it is free (eager CPU, see
+        # bam_pyro.host_reads.values_at_hand): elsewhere the per-target shift, with no read on the host.
         if values.numel() == 0:  # no edges (or no heads): nothing to normalize
             return values.softmax(dim=-2)
-        if torch.finfo(values.dtype).tiny > 1e-35:  # float16: exp underflows far sooner than at -80
+        if torch.finfo(values.dtype).tiny > 1e-35 or not values_at_hand(values):  # float16: exp underflows far sooner than at -80
             return segment_softmax(values, self.target, num_nodes=self.num_nodes, dim=-2)
         low, high = torch.aminmax(values.detach(), dim=-2, keepdim=True)
         if not bool((low > high - SHARED_SHIFT_RANGE).all()):
