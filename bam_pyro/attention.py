@@ -62,9 +62,11 @@ class BayesianAttention(nn.Module):
             # E_q[S] = exp(Phi) normalizes to softmax(scores): the posterior-mean point prediction,
             # taken from the scores directly (no rounding through Phi, and no Phi to compute)
             return axis.softmax(scores)
-        if scores.dtype == torch.float16:
-            # float16 holds neither Phi's floor (1e-20) nor the KL's terms at the presets' extremes: the
-            # Bayesian part runs in float32 (as autocast runs softmax) and the weights return in float16
+        if scores.dtype in (torch.float16, torch.bfloat16):
+            # float16 holds neither Phi's floor (1e-20) nor the KL's terms at the presets' extremes, and
+            # bfloat16's 8-bit mantissa loses the KL's sums over many entries: the Bayesian part (Phi, S,
+            # normalization, prior, KL) runs in float32, as autocast runs softmax, under bf16-mixed too,
+            # and the weights return in the scores' dtype
             return self._bayesian_weights(scores.float(), keys, axis).to(scores.dtype)
         return self._bayesian_weights(scores, keys, axis)
 

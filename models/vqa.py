@@ -88,11 +88,15 @@ class ImageEncoder(nn.Module):
         self.convolutions = nn.Sequential(*layers)
         self.standardize = nn.LayerNorm(features, elementwise_affine=False)
 
+    def pixel_dtype(self) -> torch.dtype:
+        """The dtype uint8 pixels become: the convolutions' (float64 for a float64 model)."""
+        return self.convolutions[0].weight.dtype
+
     def forward(self, images: Tensor) -> Tensor:
         """``images``: uint8 ``[B, 3, H, W]``, or float pixels in [0, 1] ``[..., B, 3, H, W]`` whose
         leading dims (Predictive's draws expand floating-point inputs) are kept."""
         if images.dtype == torch.uint8 and images.dim() == 4:
-            pixels = images.float() / 255.0
+            pixels = images.to(self.pixel_dtype()) / 255.0
         elif images.is_floating_point() and images.dim() >= 4:
             pixels = images
         else:

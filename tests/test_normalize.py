@@ -145,3 +145,89 @@ def test_edge_softmax_in_float16_shifts_each_target_by_its_own_maximum():
     got = axis.softmax(scores.half())
     assert got.dtype == torch.float16
     torch.testing.assert_close(got.float(), axis.softmax(scores), atol=1e-3, rtol=0)
+
+
+@pytest.fixture
+def no_host_reads(monkeypatch):
+    """The branch-free paths taken on accelerators, on meta and under torch.compile, run on CPU."""
+    import bam_pyro.axes
+    import bam_pyro.normalize
+    import bam_pyro.pyg.edge_keys
+
+    for module in (bam_pyro.axes, bam_pyro.normalize, bam_pyro.pyg.edge_keys):
+        monkeypatch.setattr(module, "values_at_hand", lambda t: False)
+
+
+def mixed_rows():
+    """Rows the ratio takes, an all-zero row, an overflowing row, a row with inf, an empty row."""
+    s = torch.tensor([[1.0, 2.0, 1.0, 0.5], [0.0, 0.0, 0.0, 0.0], [3e38, 3e38, 1e38, 1.0],
+                      [math.inf, 1.0, 0.0, 2.0], [4.0, 1.0, 2.0, 3.0], [0.3, 0.1, 0.2, 0.4]])
+    mask = torch.ones(1, 1, 6, 4, dtype=torch.bool)
+    mask[..., 4, :] = False  # no valid key: zero weights
+    mask[..., 5, 3] = False
+    return s, mask
+
+
+def test_branch_free_normalize_gives_each_row_the_values_and_gradients_of_its_path(no_host_reads):
+    """Each row by itself through the eager CPU path: the ratio rows bit for bit, the others in log space."""
+    s, mask = mixed_rows()
+    s = s.requires_grad_()
+    upstream = torch.randn(1, 1, 6, 4)
+    weights = normalize(DenseKeys(mask), s.view(1, 1, 6, 4))
+    (grad,) = torch.autograd.grad(weights, s, upstream)
+    assert torch.isfinite(weights).all() and torch.isfinite(grad).all()
+    assert (weights[..., 4, :] == 0).all() and (weights[..., 5, 3] == 0)
+    for row in (0, 1, 2, 3, 5):
+        alone = s.detach()[row].view(1, 1, 1, 4).requires_grad_()
+        expected = normalize_on_cpu(DenseKeys(mask[..., row : row + 1, :]), alone)
+        (expected_grad,) = torch.autograd.grad(expected, alone, upstream[..., row : row + 1, :])
+        if row in (0, 5):  # the ratio: the same operations
+            assert torch.equal(weights[..., row, :], expected[..., 0, :]) and torch.equal(grad[row], expected_grad.flatten())
+        else:
+            torch.testing.assert_close(weights[..., row, :], expected[..., 0, :])
+            torch.testing.assert_close(grad[row], expected_grad.flatten())
+
+
+def normalize_on_cpu(axis, s):
+    """normalize as eager CPU runs it (the fixture's patch undone for the call)."""
+    import bam_pyro.normalize
+    from bam_pyro.host_reads import values_at_hand
+
+    patched, bam_pyro.normalize.values_at_hand = bam_pyro.normalize.values_at_hand, values_at_hand
+    try:
+        return normalize(axis, s)
+    finally:
+        bam_pyro.normalize.values_at_hand = patched
+
+
+def test_branch_free_dense_softmax_zeroes_empty_rows_and_equals_the_eager_one(no_host_reads):
+    scores = torch.randn(1, 1, 6, 4)
+    _, mask = mixed_rows()
+    axis = DenseKeys(mask)
+    assert axis.empty_rows is not None  # no look at the mask: the fill always runs
+    weights = axis.softmax(scores)
+    assert (weights[..., 4, :] == 0).all()
+    mask[..., 4, :] = True  # no empty row: the same weights as the eager path's, which skips the fill
+    assert torch.equal(DenseKeys(mask).softmax(scores), torch.softmax(scores.masked_fill(~mask, torch.finfo(scores.dtype).min), -1))
+
+
+@pytest.mark.parametrize("spread", [4.0, 400.0])
+def test_branch_free_edge_softmax_is_pygs_segment_softmax(no_host_reads, spread):
+    from torch_geometric.utils import softmax as segment_softmax
+
+    scores, axis = sparse_case()
+    scores = scores.detach() / 4 * spread
+    assert torch.equal(axis.softmax(scores), segment_softmax(scores, axis.target, num_nodes=7, dim=-2))
+
+
+def test_the_mean_kl_weight_from_a_counted_mask_is_the_hosts_number():
+    """The weight stays a 0-dim tensor on the mask's device, and scales a float32 KL to the very
+    float the host's division gives."""
+    from bam_pyro.sites import mean_scale
+
+    kl = torch.randn(()).abs() * 1e3
+    for kl_scale, sites, count in [(0.731, 3, 997), (1.0, 1, 12345), (0.1, 7, 3), (0.5, 2, 0)]:
+        weight = mean_scale(kl_scale, sites, torch.tensor(count), torch.float32)
+        assert weight.shape == () and weight.dtype == torch.float32
+        assert torch.equal(kl * weight, kl * (kl_scale / (sites * max(count, 1))))
+    assert mean_scale(0.5, 2, 10, torch.float32) == 0.5 / 20  # counted from shapes: a float

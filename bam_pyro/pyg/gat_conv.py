@@ -19,6 +19,7 @@ from torch_geometric.nn.dense.linear import Linear, is_uninitialized_parameter
 from torch_geometric.nn.inits import glorot, zeros
 
 from ..config import BamConfig
+from ..host_reads import values_at_hand
 from .adjacency import Adj
 from .edge_attention import SOFT, EdgeAttentionConv, NodeFeatures, NodeInput
 
@@ -180,10 +181,11 @@ def sparse_entries(x: Tensor, out_channels: int) -> Optional[SparseRows]:
     """``x``'s nonzeros when :func:`per_head_dropout_projection` should gather over them: data
     that needs no gradient and is mostly zero (bag-of-words features). The gather does
     ``nnz * H * C`` work, per-head copies ``H * N * F``, so it is chosen when ``nnz * C < N * F``.
-    None otherwise."""
+    None otherwise, and off eager CPU."""
     # counting first keeps the rejection of dense data (e.g. hidden features under MC dropout)
-    # cheap: nonzero() would build index arrays as large as the input
-    if x.requires_grad or torch.count_nonzero(x) * out_channels >= x.numel():
+    # cheap: nonzero() would build index arrays as large as the input. Off eager CPU the count
+    # would be a host read (bam_pyro.host_reads) and nonzero() a data-dependent shape: dense copies
+    if x.requires_grad or not values_at_hand(x) or torch.count_nonzero(x) * out_channels >= x.numel():
         return None
     flat = x.reshape(-1, x.size(-1))
     rows, cols = flat.nonzero(as_tuple=True)
