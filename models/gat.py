@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch_geometric.utils import add_self_loops, remove_self_loops
 
 from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.pyg import BayesianGATConv, NodeClassifier
@@ -17,6 +18,11 @@ class GAT(nn.Module):
     ``dropout_per_head`` (the default, as in the original GAT code): each head draws its own input
     mask and also drops its projected features. ``False``: one input mask serves all heads, as in
     PyG's GAT example.
+
+    ``add_self_loops``: each layer replaces the graph's self-loops (as ``GATConv``). ``False`` for an
+    ``edge_index`` that already holds exactly one loop per node (:func:`with_self_loops`): the
+    same outputs, and no edge selection of data-dependent size per call, which ``torch.compile``
+    cannot put in one graph.
     """
 
     def __init__(
@@ -29,9 +35,11 @@ class GAT(nn.Module):
         out_heads: int = 1,
         dropout: float = 0.6,
         dropout_per_head: bool = True,
+        add_self_loops: bool = True,
     ) -> None:
         super().__init__()
-        layer = dict(dropout=dropout, config=config, input_dropout=dropout, dropout_per_head=dropout_per_head)
+        layer = dict(dropout=dropout, config=config, input_dropout=dropout, dropout_per_head=dropout_per_head,
+                     add_self_loops=add_self_loops)
         self.conv1 = BayesianGATConv(in_channels, hidden, heads, concat=True, **layer)
         self.conv2 = BayesianGATConv(hidden * heads, num_classes, out_heads, concat=False, **layer)
 
@@ -49,9 +57,16 @@ def build_node_classifier(
     out_heads: int = 1,
     dropout: float = 0.6,
     dropout_per_head: bool = True,
+    add_self_loops: bool = True,
 ) -> NodeClassifier:
     network = GAT(
         in_channels, num_classes, config, hidden=hidden, heads=heads, out_heads=out_heads,
-        dropout=dropout, dropout_per_head=dropout_per_head,
+        dropout=dropout, dropout_per_head=dropout_per_head, add_self_loops=add_self_loops,
     )
     return NodeClassifier(network, objective)
+
+
+def with_self_loops(edge_index: Tensor, num_nodes: int) -> Tensor:
+    """``edge_index`` with its self-loops replaced by one per node, as each ``GATConv`` layer does
+    it: done once, for a GAT built with ``add_self_loops=False``."""
+    return add_self_loops(remove_self_loops(edge_index)[0], num_nodes=num_nodes)[0]

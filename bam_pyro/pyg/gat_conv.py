@@ -204,6 +204,7 @@ class SparseEntriesCache:
         self._version = -1
         self._entries: Optional[SparseRows] = None
 
+    @torch.compiler.disable  # eager, once per input: the nonzeros' count is data-dependent (a graph break)
     def __call__(self, x: Tensor) -> Optional[SparseRows]:
         if x.is_inference() or x.requires_grad:  # no version counter to key on / never gathered
             return sparse_entries(x, self.out_channels)

@@ -2,6 +2,7 @@
 
     python -m experiments.bench gat                              Cora
     python -m experiments.bench gat --nodes 200000 --edges 2000000   a random graph of that size
+    python -m experiments.bench gat --compile --models soft wc      eager vs torch.compile'd networks
 
 Times come from one fresh process that builds all models and takes their steps in turn
 (round-robin), so that every model sees the same machine conditions; each time is the median over
@@ -10,6 +11,15 @@ its timed steps. Memory comes from one fresh process per model, returning freed 
 training step (the kernel's high-water mark, reset just before it) minus the resident memory before
 it, i.e. what a step needs on top of data and parameters. GATConv and soft are plain
 cross-entropy/ELBO steps; BAM-WC is the full SVI step (``TraceMeanField_ELBO``, KL and all).
+
+``--compile`` adds each model with its network compiled (``torch.compile``, default mode) to the
+round-robin and reports, beside the medians, ratios of per-step times taken back to back (their
+median and interquartile range): compiled BAM-WC over eager BAM-WC, and compiled BAM-WC over
+compiled soft. Every model of such a run, eager or compiled, gets the graph with its self-loops
+replaced once beforehand (:func:`models.gat.with_self_loops`) and layers that add none: the same
+edges, and no per-call edge selection of data-dependent size, which would split the compiled
+graph. Pyro's sample statements still split it at each attention site (see the Pyro integration
+page, "Devices and precision"). Memory is not measured with ``--compile``.
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ from experiments.gat import GatSettings
 from experiments.planetoid import load_planetoid
 from experiments.runner import whole_number
 from bam_pyro import AttentionGuide
-from models.gat import build_node_classifier
+from models.gat import build_node_classifier, with_self_loops
 
 MODELS = ("gatconv", "soft", "wc")
 
@@ -50,11 +60,12 @@ class GraphSize(NamedTuple):
 class PygGAT(nn.Module):
     """The reference: two PyG GATConv layers, same architecture and dropout as models.gat.GAT."""
 
-    def __init__(self, in_channels: int, num_classes: int, heads: int = 8, hidden: int = 8, dropout: float = 0.6) -> None:
+    def __init__(self, in_channels: int, num_classes: int, heads: int = 8, hidden: int = 8, dropout: float = 0.6,
+                 add_self_loops: bool = True) -> None:
         super().__init__()
         self.dropout = dropout
-        self.conv1 = GATConv(in_channels, hidden, heads, dropout=dropout)
-        self.conv2 = GATConv(hidden * heads, num_classes, 1, concat=False, dropout=dropout)
+        self.conv1 = GATConv(in_channels, hidden, heads, dropout=dropout, add_self_loops=add_self_loops)
+        self.conv2 = GATConv(hidden * heads, num_classes, 1, concat=False, dropout=dropout, add_self_loops=add_self_loops)
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         x = F.dropout(x, self.dropout, self.training)
@@ -75,10 +86,20 @@ def graph(nodes: Optional[int], edges: Optional[int], features: int, data_root: 
     return x, edge_index, y, torch.arange(0, nodes, 10), 7, f"random({nodes} nodes, {edges} edges, {features} features)"
 
 
-def step_function(name: str, x, edge_index, y, train, num_classes, dropout_per_head: bool) -> Callable[[], None]:
+#: suffix of a model's name in a ``--compile`` run: its network compiled
+COMPILED = "+compile"
+
+
+def step_function(name: str, x, edge_index, y, train, num_classes, dropout_per_head: bool,
+                  loops_added: bool = False) -> Callable[[], None]:
+    """One training step of model ``name`` (``"wc+compile"``: its network compiled). With
+    ``loops_added`` the graph holds its self-loops already and the layers add none."""
     torch.manual_seed(0)
+    name, compiled = name.removesuffix(COMPILED), name.endswith(COMPILED)
     if name == "gatconv":
-        model = PygGAT(x.size(1), num_classes)
+        model = PygGAT(x.size(1), num_classes, add_self_loops=not loops_added)
+        if compiled:
+            model = torch.compile(model)
         optimizer = torch.optim.Adam(model.parameters(), lr=0.005, weight_decay=5e-4)
 
         def step() -> None:
@@ -90,27 +111,42 @@ def step_function(name: str, x, edge_index, y, train, num_classes, dropout_per_h
         return step
     config = BamConfig(name, k=1.0, beta=1e-10, d_mid=1)
     model = build_node_classifier(
-        x.size(1), num_classes, config, ObjectiveConfig(anneal_rate=0.1), dropout_per_head=dropout_per_head
+        x.size(1), num_classes, config, ObjectiveConfig(anneal_rate=0.1), dropout_per_head=dropout_per_head,
+        add_self_loops=not loops_added,
     )
+    if compiled:
+        model.network = torch.compile(model.network)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.005, weight_decay=5e-4)
     trainer = SVITrainer(model, AttentionGuide(model.model), optimizer)
     return lambda: trainer.step(x, edge_index, y=y, nodes=train)
 
 
-def measure_time(models: list[str], size: GraphSize, steps: int, threads: int, dropout_per_head: bool) -> dict:
-    """Median step time (ms) of each model, the models taking their steps in turn."""
+def measure_time(models: list[str], size: GraphSize, steps: int, threads: int, dropout_per_head: bool,
+                 loops_added: bool = False) -> dict:
+    """Step times (s) of each model, the models taking their steps in turn: their medians (ms) and,
+    per model, the list of times."""
     torch.set_num_threads(threads)
-    data = graph(*size)
-    step_of = {name: step_function(name, *data[:-1], dropout_per_head) for name in models}
+    x, edge_index, *rest, description = graph(*size)
+    if loops_added:
+        edge_index = with_self_loops(edge_index, x.size(0))
+    step_of = {name: step_function(name, x, edge_index, *rest, dropout_per_head, loops_added) for name in models}
     for step in step_of.values():
-        step()  # first step: lazy initialization
+        step()  # first steps: lazy initialization, compilation
+        step()
     times: dict[str, list[float]] = {name: [] for name in models}
     for _ in range(steps):
         for name, step in step_of.items():
             start = time.perf_counter()
             step()
             times[name].append(time.perf_counter() - start)
-    return {"ms": {name: 1000 * statistics.median(t) for name, t in times.items()}, "graph": data[-1]}
+    return {"ms": {name: 1000 * statistics.median(t) for name, t in times.items()}, "times": times, "graph": description}
+
+
+def paired_ratio(numerator: list[float], denominator: list[float]) -> dict:
+    """Median and interquartile range of the per-step ratios of two models' back-to-back steps."""
+    ratios = [a / b for a, b in zip(numerator, denominator)]
+    low, _, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+    return {"median": round(statistics.median(ratios), 3), "iqr": [round(low, 3), round(high, 3)]}
 
 
 def measure_memory(name: str, size: GraphSize, threads: int, dropout_per_head: bool) -> float:
@@ -136,11 +172,16 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--dropout-per-head", action=argparse.BooleanOptionalAction, default=GatSettings.dropout_per_head,
                    help="this project's GATs drop inputs with a mask per head (the Cora preset's setting)")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    p.add_argument("--compile", action="store_true",
+                   help="also time each model with its network compiled (torch.compile); no memory figures")
     args = p.parse_args(argv)
     if (args.nodes is None) != (args.edges is None):
         p.error("--nodes and --edges go together")
     steps = args.steps or (100 if args.nodes is None else 5)
     size = GraphSize(args.nodes, args.edges, args.features, args.data_root)
+    if args.compile:
+        print(json.dumps(compiled_result(args.models, size, steps, args.threads, args.dropout_per_head)))
+        return
     timed = in_fresh_process(measure_time, (args.models, size, steps, args.threads, args.dropout_per_head))
     result = {"graph": timed["graph"], "threads": args.threads, "steps": steps, "dropout_per_head": args.dropout_per_head}
     key = {"gatconv": "gatconv", "soft": "soft", "wc": "bam"}
@@ -155,6 +196,25 @@ def main(argv: Optional[list[str]] = None) -> None:
     if "gatconv" in ms and "soft" in ms:
         result["soft_time_ratio"] = round(ms["soft"] / ms["gatconv"], 3)
     print(json.dumps(result))
+
+
+def compiled_result(models: list[str], size: GraphSize, steps: int, threads: int, dropout_per_head: bool) -> dict:
+    """Eager and compiled step times of ``models`` in one round-robin, with the paired ratios."""
+    names = [name + suffix for name in models for suffix in ("", COMPILED)]
+    timed = in_fresh_process(measure_time, (names, size, steps, threads, dropout_per_head, True))
+    key = {"gatconv": "gatconv", "soft": "soft", "wc": "bam"}
+    result = {"graph": timed["graph"], "threads": threads, "steps": steps, "dropout_per_head": dropout_per_head,
+              "self_loops": "added once beforehand"}
+    for name in names:
+        base = name.removesuffix(COMPILED)
+        result[f"{key[base]}{'_compiled' if name != base else ''}_ms"] = round(timed["ms"][name], 2)
+    times = timed["times"]
+    for name in models:
+        result[f"{key[name]}_compiled_over_eager"] = paired_ratio(times[name + COMPILED], times[name])
+    if "wc" in models and "soft" in models:
+        result["bam_over_soft_compiled"] = paired_ratio(times["wc" + COMPILED], times["soft" + COMPILED])
+        result["bam_over_soft_eager"] = paired_ratio(times["wc"], times["soft"])
+    return result
 
 
 if __name__ == "__main__":
