@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -38,17 +39,29 @@ class EdgeKeys:
         # maximum, needs torch's scatter amax, the slowest scatter on CPU. One maximum per head
         # over all edges is as exact whenever no value lies more than SHARED_SHIFT_RANGE below it
         # (no exp under- or overflows); otherwise fall back to PyG's per-target shift. Telling
-        # which needs a look at the values, taken only where it is free (eager CPU, see
-        # bam_pyro.host_reads.values_at_hand): elsewhere the per-target shift, with no read on the host.
+        # which needs a look at the values (bam_pyro.host_reads): eager on CPU a Python branch;
+        # compiled on CPU a torch.cond, which keeps both in the graph and picks one at run time
+        # (a fifth of the compiled per-target softmax's time, forward and backward, on Cora); on an
+        # accelerator or meta, where the pick would be a host read, the per-target shift.
         if values.numel() == 0:  # no edges (or no heads): nothing to normalize
             return values.softmax(dim=-2)
-        if torch.finfo(values.dtype).tiny > 1e-35 or not values_at_hand(values):  # float16: exp underflows far sooner than at -80
-            return segment_softmax(values, self.target, num_nodes=self.num_nodes, dim=-2)
+        if torch.finfo(values.dtype).tiny > 1e-35 or values.device.type != "cpu":  # float16: exp underflows far sooner than at -80
+            return self.per_target_softmax(values)
         low, high = torch.aminmax(values.detach(), dim=-2, keepdim=True)
-        if not bool((low > high - SHARED_SHIFT_RANGE).all()):
-            return segment_softmax(values, self.target, num_nodes=self.num_nodes, dim=-2)
+        shared = (low > high - SHARED_SHIFT_RANGE).all()
+        if not values_at_hand(shared):
+            return torch.cond(shared, self.shared_shift_softmax, self.per_target_softmax, (values, high))
+        return self.shared_shift_softmax(values, high) if bool(shared) else self.per_target_softmax(values)
+
+    def shared_shift_softmax(self, values: Tensor, high: Tensor) -> Tensor:
+        """The softmax over each target's edges, shifted by ``high`` (the maximum per head)."""
         shifted = torch.exp(values - high)
         return shifted / self.key_sum(shifted)
+
+    def per_target_softmax(self, values: Tensor, high: Optional[Tensor] = None) -> Tensor:
+        """PyG's softmax over each target's edges, shifted by each target's maximum (``high``
+        unused: the twin of :meth:`shared_shift_softmax` for ``torch.cond``)."""
+        return segment_softmax(values, self.target, num_nodes=self.num_nodes, dim=-2)
 
     def key_sum(self, values: Tensor) -> Tensor:
         sums = scatter(values, self.target, dim=-2, dim_size=self.num_nodes, reduce="sum")
