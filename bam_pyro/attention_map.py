@@ -58,7 +58,7 @@ def valid_total(values: Tensor, mask: Optional[Tensor], shape: torch.Size, event
         counted = [d for d in events if values.shape[d] == 1 and mask.shape[d] > 1]
         counts = mask.sum(dim=counted, keepdim=True, dtype=values.dtype) if counted else mask.to(values.dtype)
         values = values * counts
-    copies = math.prod(shape[d] for d in events if values.shape[d] == 1 and d not in counted)
+    copies = math.prod([shape[d] for d in events if values.shape[d] == 1 and d not in counted])  # a list: Dynamo traces it
     total = event_sum(values, event_dim) * copies
     return total.expand(shape[: ndim - event_dim])
 

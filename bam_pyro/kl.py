@@ -166,3 +166,11 @@ def kl_lognormal_lognormal(q: LogNormal, p: LogNormal) -> Tensor:
     ratio = q.scale / p.scale
     shift = (q.loc - p.loc) / p.scale
     return torch.log(p.scale) - torch.log(q.scale) + 0.5 * (ratio.square() + shift.square()) - 0.5
+
+
+@register_summed_kl(LogNormal, LogNormal)
+def summed_kl_lognormal_lognormal(q: LogNormal, p: LogNormal, mask: Optional[Tensor], event_dim: int) -> Tensor:
+    """:func:`kl_lognormal_lognormal` summed over the valid entries of each map, called directly:
+    torch's ``kl_divergence`` dispatch, the generic route, is code ``torch.compile`` stops at."""
+    kl = kl_lognormal_lognormal(q, p)
+    return event_sum(kl if mask is None else kl.masked_fill(~mask, 0.0), event_dim)

@@ -1,6 +1,6 @@
 """torch.compile of the dense and the edge Bayesian attention: one graph, no graph break, in the
 point prediction (eval) and in training mode outside a Pyro model (S drawn from q), with the
-outputs of eager mode.
+outputs of eager mode; and of the KL an attention site gives the ELBO.
 
 Graph breaks are counted by ``torch._dynamo.explain``; ``fullgraph=True`` compiles with Inductor and
 would raise at a break. The graph attention gets its self-loops beforehand (``add_self_loops=False``):
@@ -15,8 +15,11 @@ import pytest
 import torch
 import torch._dynamo as dynamo
 from torch._inductor import config as inductor_config
+from torch.distributions import kl_divergence
 
 from bam_pyro import BamConfig, MultiHeadBayesianAttention
+from bam_pyro.attention_map import AttentionMap
+from bam_pyro.distributions import prior_distribution, variational_distribution
 from bam_pyro.pyg import BayesianGATConv, BayesianGATv2Conv, BayesianTransformerConv
 from models.gat import with_self_loops
 
@@ -99,3 +102,22 @@ def test_fullgraph_compiled_attention_gives_eager_outputs_and_gradients(kind):
     torch.testing.assert_close(got, expected)
     for got_grad, expected_grad in zip(got_grads, expected_grads):
         torch.testing.assert_close(got_grad, expected_grad)
+
+
+@pytest.mark.parametrize("variant", ["wc", "wf", "lc", "lf"])
+def test_the_sites_kl_traces_into_one_graph(variant):
+    """The KL the ELBO reads at an attention site, padded keys masked: one graph too."""
+    config = BamConfig(variant, k=5.0, beta=1e-2, alpha=1e-3, sigma_q=0.5, sigma_p=2.0)
+    phi = torch.randn(2, 3, 4, 5).log_softmax(-1)
+    log_psi = torch.randn(2, 3, 1, 5).log_softmax(-1) if config.prior == "contextual" else None
+    mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    mask[1, ..., 3:] = False
+
+    def site_kl(phi, mask):
+        q = AttentionMap(variational_distribution(phi, config), mask, 4)
+        p = AttentionMap(prior_distribution(log_psi, config, phi.shape, phi), mask, 4)
+        return kl_divergence(q, p)
+
+    explained = dynamo.explain(site_kl)(phi, mask)
+    assert explained.graph_break_count == 0, [reason.reason for reason in explained.break_reasons]
+    torch.testing.assert_close(torch.compile(site_kl, fullgraph=True, backend="eager")(phi, mask), site_kl(phi, mask))
