@@ -121,3 +121,19 @@ def test_the_sites_kl_traces_into_one_graph(variant):
     explained = dynamo.explain(site_kl)(phi, mask)
     assert explained.graph_break_count == 0, [reason.reason for reason in explained.break_reasons]
     torch.testing.assert_close(torch.compile(site_kl, fullgraph=True, backend="eager")(phi, mask), site_kl(phi, mask))
+
+
+@pytest.mark.slow  # compiles two GATs: about a minute
+def test_gat_bench_compile_prints_eager_and_compiled_times_and_paired_ratios(capsys):
+    import json
+
+    from experiments.benchmarks import gat
+
+    gat.main(["--nodes", "60", "--edges", "240", "--features", "8", "--steps", "3", "--threads", "1", "--compile",
+              "--models", "soft", "wc"])
+    figures = json.loads(capsys.readouterr().out)
+    for key in ("soft_ms", "soft_compiled_ms", "bam_ms", "bam_compiled_ms"):
+        assert figures[key] > 0, key
+    for key in ("bam_compiled_over_eager", "soft_compiled_over_eager", "bam_over_soft_compiled"):
+        low, high = figures[key]["iqr"]
+        assert low <= figures[key]["median"] <= high, key
