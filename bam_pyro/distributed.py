@@ -160,8 +160,11 @@ class FabricEngine(LocalEngine):
         if strategy == "ddp":
             strategy = fabric.strategies.DDPStrategy(find_unused_parameters=True)
         self.settings = settings
-        self.fabric = fabric.Fabric(accelerator=settings.accelerator, devices=settings.devices_per_node,
-                                    num_nodes=settings.num_nodes, strategy=strategy, precision=settings.precision)
+        try:
+            self.fabric = fabric.Fabric(accelerator=settings.accelerator, devices=settings.devices_per_node,
+                                        num_nodes=settings.num_nodes, strategy=strategy, precision=settings.precision)
+        except (RuntimeError, ValueError) as error:  # e.g. no such accelerator here: Fabric's reason, one line
+            raise ValueError(str(error).strip().splitlines()[0]) from None
 
     def launch(self) -> "FabricEngine":
         self.fabric.launch()
@@ -214,7 +217,7 @@ class FabricEngine(LocalEngine):
         devices = self.gather(str(self.fabric.device))
         return {"accelerator": self.settings.resolved_accelerator, "devices": devices, "processes": self.world_size,
                 "num_nodes": self.settings.num_nodes, "strategy": type(self.fabric.strategy).__name__,
-                "precision": self.settings.precision,
+                "precision": getattr(self.fabric.strategy.precision, "precision", self.settings.precision),
                 "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}
 
 

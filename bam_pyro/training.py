@@ -34,6 +34,12 @@ on GPUs, in mixed precision and data-parallel over several processes, and keeps 
 - one checkpoint, written by process 0 (Fabric's save), holds every process's random state and
   is read by every process onto its device (tensors are read to the CPU first: a GPU run resumes
   on a CPU). Resuming needs as many processes as wrote it.
+
+On a GPU, bit-for-bit resume holds only where the kernels are deterministic: some are not by
+default (atomic adds in scatter and ``index_add``, which edge attention's softmax over
+neighbourhoods uses; some cuDNN kernels). ``torch.use_deterministic_algorithms(True)`` (with
+``CUBLAS_WORKSPACE_CONFIG=:4096:8``) makes them so or raises naming the operation; a run's record
+says whether it was on (:meth:`bam_pyro.distributed.LocalEngine.describe`).
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ def train(settings: GlueSettings, data: GlueData, run: RunContext) -> dict[str, 
     bam_model = build_model(settings, data)
     optimizer = torch.optim.AdamW(bam_model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     steps_per_epoch = -(-len(data.train) // settings.batch_size)
-    total = steps_per_epoch * settings.epochs
+    total = run.steps_per_process(steps_per_epoch) * settings.epochs
     schedule = get_linear_schedule_with_warmup(optimizer, int(settings.warmup * total), total)
     trainer = run.trainer(bam_model, AttentionGuide(bam_model.model), optimizer, grad_clip=1.0,
                           checkpoint_every=1, scheduler=schedule)

@@ -293,7 +293,7 @@ def early_stopping(settings: NmtSettings) -> EarlyStopping:
 def train_run(settings: NmtSettings, data: Multi30k, run: RunContext) -> dict[str, float]:
     seed_everything(settings.seed)
     steps_per_epoch = data.train.num_batches(settings.batch_size)
-    trainable = build_trainable(settings, data.vocab_size, settings.warm_epochs * steps_per_epoch)
+    trainable = build_trainable(settings, data.vocab_size, settings.warm_epochs * run.steps_per_process(steps_per_epoch))
     model = trainable.model
     trainer = run.trainer(model, trainable.guide, make_optimizer(settings, model), elbo=trainable.elbo, grad_clip=settings.grad_clip)
 
@@ -310,7 +310,7 @@ def train_run(settings: NmtSettings, data: Multi30k, run: RunContext) -> dict[st
                          progress=run.progress, description=run.description, steps_per_epoch=steps_per_epoch)
     training_seconds = result.seconds - sum(record["eval_seconds"] for record in result.history)
     model.eval()
-    scores = {"seconds_per_step": training_seconds / (result.epochs * steps_per_epoch),
+    scores = {"seconds_per_step": training_seconds / (result.epochs * run.steps_per_process(steps_per_epoch)),
               "parameters": count_parameters(model)}
     for name, split in (("val", data.val), ("test", data.test)):
         scores[f"{name}_ppl"] = perplexity(model, split, settings.eval_batch_size)

@@ -160,6 +160,11 @@ class RunContext:
         self.trainers.append(trainer)
         return trainer
 
+    def steps_per_process(self, batches: int) -> int:
+        """The SVI steps each process takes in an epoch of ``batches`` batches (its share of them:
+        what step-based schedules count)."""
+        return -(-batches // self.engine.world_size)
+
     @property
     def fit_result(self) -> Optional[FitResult]:
         return self.trainers[-1].result if self.trainers else None

@@ -9,6 +9,9 @@ import bam_pyro  # noqa: F401  (registers the KLs)
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
+def pytest_configure(config): config.addinivalue_line("markers", "cuda: needs a CUDA GPU (skipped cleanly without one)")  # noqa: E704
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_threads():
     torch.manual_seed(0)

@@ -59,8 +59,9 @@ def make_trainer(variant: str, engine: Optional[Engine] = None, checkpoint: Opti
             yield (x, edge_index), dict(y=y, nodes=torch.cat(order[start:start + merge]))
 
     def evaluate():
-        logits = model.network(x, edge_index)
-        return {"val_loss": torch.nn.functional.cross_entropy(logits[30:], y[30:]).item()}
+        device = next(model.parameters()).device  # where the engine put the model
+        logits = model.network(x.to(device), edge_index.to(device))
+        return {"val_loss": torch.nn.functional.cross_entropy(logits[30:], y[30:].to(device)).item()}
 
     return trainer, batches, evaluate
 

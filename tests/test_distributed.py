@@ -140,6 +140,22 @@ def test_a_checkpoint_reads_onto_another_device_map_and_needs_as_many_processes(
         other.fit(batches, evaluate, max_epochs=2, progress=False)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_checkpoint_written_on_a_gpu_resumes_on_the_cpu(tmp_path):
+    checkpoint = tmp_path / "run.pt"
+    gpu = FabricEngine(DeviceSettings(accelerator="cuda", devices=1)).launch()
+    trainer, batches, evaluate = worker.make_trainer("wc", gpu, checkpoint)
+    trainer.fit(batches, evaluate, max_epochs=1, progress=False)
+    assert next(trainer.model.parameters()).device.type == "cuda"
+    saved = {name: value.cpu() for name, value in trainer.model.state_dict().items()}
+    resumed, batches, evaluate = worker.make_trainer("wc", checkpoint=checkpoint)  # this process, on the CPU
+    resumed.fit(batches, evaluate, max_epochs=1, progress=False)  # finished: loads and trains no more
+    assert same_parameters(resumed.model.state_dict(), saved)
+    resumed.fit(batches, evaluate, max_epochs=2, progress=False)
+    assert resumed.epoch == 2 and torch.isfinite(torch.tensor(resumed.history[-1]["loss"]))
+
+
 def test_bf16_mixed_runs_the_step_under_autocast_with_float32_parameters():
     trainer, batches, evaluate = worker.make_trainer("wc", cpu_fabric("bf16-mixed"))
     autocast = []
