@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union, get_args
 
 import torch
 from torch import Tensor, nn
@@ -31,9 +31,9 @@ from .validation import require, whole_number
 Accelerator = Literal["auto", "cpu", "cuda", "mps"]
 Strategy = Literal["auto", "ddp", "fsdp"]
 Precision = Literal["32-true", "bf16-mixed", "16-mixed"]
-ACCELERATORS: tuple[str, ...] = Accelerator.__args__
-STRATEGIES: tuple[str, ...] = Strategy.__args__
-PRECISIONS: tuple[str, ...] = Precision.__args__
+ACCELERATORS: tuple[str, ...] = get_args(Accelerator)
+STRATEGIES: tuple[str, ...] = get_args(Strategy)
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 
 
 def launched_processes_per_node() -> Optional[int]:
@@ -144,8 +144,9 @@ class LocalEngine:
 
 class FabricEngine(LocalEngine):
     """Lightning Fabric with :class:`DeviceSettings`; :meth:`launch` starts its processes (if it
-    starts them) and the process group. DDP runs with ``find_unused_parameters``: some variants
-    leave parameters out of some steps (va-relaxed's inference network in its warm start)."""
+    starts them) and the process group. Several processes run DDP (``"auto"`` too), with
+    ``find_unused_parameters``: some variants leave parameters out of some steps (va-relaxed's
+    inference network in its warm start)."""
 
     wraps_model = True
 
@@ -157,7 +158,7 @@ class FabricEngine(LocalEngine):
             raise ValueError("strategy 'fsdp' is not supported by SVITrainer (it keeps full state dicts and tasks "
                              "evaluate the unwrapped network): use 'ddp', which fits every model here on one device")
         strategy: Any = settings.strategy
-        if strategy == "ddp":
+        if strategy == "ddp" or (strategy == "auto" and settings.devices_per_node * settings.num_nodes > 1):
             strategy = fabric.strategies.DDPStrategy(find_unused_parameters=True)
         self.settings = settings
         try:
