@@ -349,9 +349,9 @@ class SVITrainer:
         elif engine.world_size > 1:
             self.batch_rng = engine.broadcast(rng_state())
             seed_everything(process_seed(engine.broadcast(torch.initial_seed()), engine.rank))
-        self.plan = {"max_epochs": max_epochs, "steps_per_epoch": steps_per_epoch}
         if steps_per_epoch:
-            steps_per_epoch = -(-steps_per_epoch // engine.world_size)
+            steps_per_epoch = -(-steps_per_epoch // engine.world_size)  # this process's share
+        self.plan = {"max_epochs": max_epochs, "steps_per_epoch": steps_per_epoch}
         progress = progress and engine.is_global_zero
         start = time.perf_counter() - self.seconds  # the run's clock, a resumed run's included
         self._last_save = time.perf_counter()
