@@ -4,12 +4,14 @@ precision, the device settings, and the attention sites' context under threads."
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import socket
 import sys
 import threading
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -23,9 +25,11 @@ from experiments.runner import build_parser
 from . import distributed_worker as worker
 
 
-def run_two_processes(out: Path) -> None:
-    """``distributed_worker.main`` in two processes forked from this one (so that nothing is
-    imported again), with the variables ``torchrun`` sets: Fabric finds a torchrun launch."""
+def run_two_processes(target: Callable[[], object]) -> None:
+    """``target()`` in two processes forked from this one (so that nothing is imported again), with
+    the variables ``torchrun`` sets: Fabric finds a torchrun launch."""
+    import lightning.fabric  # noqa: F401  (imported before the fork, not by each process)
+
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -34,7 +38,7 @@ def run_two_processes(out: Path) -> None:
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_RUN_ID="test")
         torch.set_num_threads(1)
-        worker.main(out)
+        target()
 
     context = multiprocessing.get_context("fork")
     processes = [context.Process(target=process, args=(rank,)) for rank in range(2)]
@@ -48,10 +52,8 @@ def run_two_processes(out: Path) -> None:
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory) -> dict[str, list[dict]]:
     """What each of two DDP processes ended with, per case of :mod:`tests.distributed_worker`."""
-    import lightning.fabric  # noqa: F401  (imported before the fork, not by each process)
-
     out = tmp_path_factory.mktemp("ddp")
-    run_two_processes(out)
+    run_two_processes(lambda: worker.main(out))
     return {case: [torch.load(out / f"{case}-rank{rank}.pt", weights_only=True) for rank in range(2)]
             for case in ("noisy", "resumed", "soft")}
 
@@ -88,6 +90,23 @@ def test_two_processes_resume_inside_an_epoch_bit_for_bit(two_processes):
     for rank in range(2):
         assert same_parameters(two_processes["resumed"][rank]["params"], two_processes["noisy"][rank]["params"])
         assert two_processes["resumed"][rank]["history"] == two_processes["noisy"][rank]["history"]
+
+
+@pytest.mark.slow  # Cora and a GAT in two processes: about 20 s on a busy machine
+def test_the_runner_trains_a_run_on_two_processes_and_writes_one_record(tmp_path, data_root):
+    from experiments import gat
+
+    out = tmp_path / "gat"
+    run_two_processes(lambda: gat.main(["--variant", "wc", "--max-epochs", "3", "--devices", "2", "--accelerator", "cpu",
+                                        "--threads", "1", "--no-progress", "--data-root", str(data_root), "--out", str(out)]))
+    runs = list((out / "runs").iterdir())
+    assert [run.name for run in runs] == ["cora-wc-seed0"]
+    assert {path.name for path in runs[0].iterdir()} == {"record.json", "checkpoint.pt", ".lock"}
+    record = json.loads((runs[0] / "record.json").read_text())
+    assert record["environment"] == {"accelerator": "cpu", "devices": ["cpu", "cpu"], "processes": 2, "num_nodes": 1,
+                                     "strategy": "DDPStrategy", "precision": "32-true", "deterministic_algorithms": False}
+    assert record["training"]["epochs"] == 3 and len(record["training"]["history"]) == 3
+    assert len((out / "results.csv").read_text().splitlines()) == 2  # header and the one run
 
 
 def cpu_fabric(precision: str = "32-true") -> FabricEngine:
