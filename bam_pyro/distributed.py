@@ -106,6 +106,8 @@ class LocalEngine:
     is_global_zero = True
     #: whether :meth:`setup` wraps or moves the model (lazy parameters must exist before it)
     wraps_model = False
+    #: where the model trains (a task puts its evaluation data there)
+    device = torch.device("cpu")
 
     def setup(self, loss: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
         return loss, optimizer
@@ -182,6 +184,10 @@ class FabricEngine(LocalEngine):
     @property
     def is_global_zero(self) -> bool:  # type: ignore[override]
         return self.fabric.is_global_zero
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return self.fabric.device
 
     def setup(self, loss: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
         return self.fabric.setup(loss, optimizer)

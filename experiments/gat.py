@@ -134,6 +134,7 @@ def train_classifier(settings: GatSettings, graph, run: RunContext) -> NodeClass
 
 
 def train(settings: GatSettings, graph, run: RunContext) -> dict[str, float]:
+    graph = (graph[0].to(run.device), *graph[1:])  # trained and scored where the model is
     model = train_classifier(settings, graph, run)
     data = graph[0]
     model.eval()

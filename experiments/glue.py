@@ -86,9 +86,10 @@ def presets(task: str, variant: str) -> dict[str, Any]:
 def predict(network: torch.nn.Module, data: Encoded, batch_size: int, collator) -> tuple[np.ndarray, np.ndarray]:
     """Posterior-mean outputs (eval mode) over ``data``: (outputs [n, num_labels], labels)."""
     network.eval()
+    device = next(network.parameters()).device
     outputs, labels = [], []
     for args, targets in batches(data, 4 * batch_size, collator, shuffle=False):
-        outputs.append(network(*args))
+        outputs.append(network(*(arg.to(device) for arg in args)))
         labels.append(targets["labels"])
     return torch.cat(outputs).cpu().numpy(), torch.cat(labels).cpu().numpy()
 
@@ -100,8 +101,10 @@ def posterior_probs(bam_model: BamModel, data: Encoded, batch_size: int, collato
     Pyro's vectorized ``Predictive``, so each draw is one pass (chunks of one draw). A network
     without stochastic attention (soft) is a point mass: two draws, the fewest the metrics take."""
     stochastic = any(isinstance(m, BayesianAttention) and m.config.stochastic for m in bam_model.network.modules())
+    device = next(bam_model.parameters()).device
     samples, labels = [], []
     for args, targets in batches(data, 4 * batch_size, collator, shuffle=False):
+        args = tuple(arg.to(device) for arg in args)
         samples.append(predictive_draws(bam_model, args, draws if stochastic else 2, chunk_size=1).probs)
         labels.append(targets["labels"])
     return torch.cat(samples, dim=1).cpu().numpy(), torch.cat(labels).cpu().numpy()

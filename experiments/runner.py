@@ -160,6 +160,11 @@ class RunContext:
         self.trainers.append(trainer)
         return trainer
 
+    @property
+    def device(self) -> torch.device:
+        """Where the run's model trains: a task's evaluation inputs go there."""
+        return self.engine.device
+
     def steps_per_process(self, batches: int) -> int:
         """The SVI steps each process takes in an epoch of ``batches`` batches (its share of them:
         what step-based schedules count)."""
