@@ -290,17 +290,15 @@ class SVITrainer:
     def _set_up(self, first_batch: Callable[[], Optional[Batch]]) -> None:
         """Hand the loss and the optimizer to the engine, once. Lazy parameters must exist before an
         engine wraps or moves the model: they are made by a pass of the model on ``first_batch()``
-        (without gradients, the random state put back after it)."""
+        (without gradients; it draws from the random streams as a step would)."""
         if self._loss is not None:
             return
         if self.engine.wraps_model and any(torch.nn.parameter.is_lazy(p) for p in self.model.parameters()):
-            state = rng_state()
             batch = first_batch()
             if batch is None:
                 raise ValueError("the model has uninitialized (lazy) parameters and there is no batch to make them with")
             with torch.no_grad():
                 self.model.model(*batch[0], **batch[1])
-            set_rng_state(state)
         self._loss, self._optimizer = self.engine.setup(ElboLoss(self.model, self.guide, self.elbo), self.optimizer)
 
     def step(self, *args: Any, **kwargs: Any) -> float:

@@ -133,6 +133,28 @@ def test_resume_inside_an_epoch_on_fabric_matches_the_uninterrupted_run(tmp_path
     assert resumed.history == reference.history
 
 
+def test_lazy_parameters_are_made_before_fabric_wraps_the_model():
+    import pyro.distributions as dist
+
+    from bam_pyro import AttentionGuide, BamModel, ObjectiveConfig
+    from bam_pyro.training import SVITrainer
+
+    class Classifier(BamModel):
+        def likelihood(self, logits, y=None):
+            self.observe("y", dist.Categorical(logits=logits), y)
+
+    model = Classifier(torch.nn.LazyLinear(3), ObjectiveConfig())
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    x, y = torch.randn(12, 5), torch.arange(12) % 3
+    trainer = SVITrainer(model, AttentionGuide(model.model), optimizer, engine=cpu_fabric())
+    calls = []
+    model.network.register_forward_pre_hook(lambda module, args: calls.append(torch.is_grad_enabled()))
+    trainer.fit(lambda: [((x,), {"y": y})] * 4, lambda: {}, max_epochs=3, progress=False)
+    assert calls == [False] + [True] * 12  # a pass without gradients made them, then the steps
+    assert model.network.weight.shape == (3, 5)
+    assert trainer.history[-1]["loss"] < trainer.history[0]["loss"]  # the optimizer trains the materialized tensors
+
+
 def test_a_checkpoint_reads_onto_another_device_map_and_needs_as_many_processes(tmp_path):
     checkpoint = tmp_path / "run.pt"
     trainer, batches, evaluate = worker.make_trainer("wc", checkpoint=checkpoint)
