@@ -34,7 +34,7 @@ from bam_pyro import AttentionGuide, BamModel, BayesianAttention
 from bam_pyro.predictive import predictive_draws
 from bam_pyro.training import seed_everything
 from experiments.glue_data import TASKS, Encoded, GlueData, batches, load_glue, task_metrics
-from experiments.runner import RunContext, RunSettings, Task, positive, require, run_cli
+from experiments.runner import RunContext, RunSettings, Task, model_device, positive, require, run_cli
 from bam_pyro.transformers import DEFAULT_MODEL, build_sequence_model, resolve_pretrained
 
 #: Weibull shape k per task (paper, Table 9); tasks the paper does not list use 100.
@@ -86,7 +86,7 @@ def presets(task: str, variant: str) -> dict[str, Any]:
 def predict(network: torch.nn.Module, data: Encoded, batch_size: int, collator) -> tuple[np.ndarray, np.ndarray]:
     """Posterior-mean outputs (eval mode) over ``data``: (outputs [n, num_labels], labels)."""
     network.eval()
-    device = next(network.parameters()).device
+    device = model_device(network)
     outputs, labels = [], []
     for args, targets in batches(data, 4 * batch_size, collator, shuffle=False):
         outputs.append(network(*(arg.to(device) for arg in args)))
@@ -101,7 +101,7 @@ def posterior_probs(bam_model: BamModel, data: Encoded, batch_size: int, collato
     Pyro's vectorized ``Predictive``, so each draw is one pass (chunks of one draw). A network
     without stochastic attention (soft) is a point mass: two draws, the fewest the metrics take."""
     stochastic = any(isinstance(m, BayesianAttention) and m.config.stochastic for m in bam_model.network.modules())
-    device = next(bam_model.parameters()).device
+    device = model_device(bam_model)
     samples, labels = [], []
     for args, targets in batches(data, 4 * batch_size, collator, shuffle=False):
         args = tuple(arg.to(device) for arg in args)

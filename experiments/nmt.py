@@ -55,7 +55,7 @@ from bam_pyro import AttentionGuide, BamModel
 from bam_pyro.training import EarlyStopping, seed_everything
 from experiments.multi30k import BOS, EOS, HUB_DATASET, BpeSettings, EncodedSplit, Multi30k, load_multi30k
 from experiments.nmt_attention import attention_uncertainty
-from experiments.runner import RunContext, RunSettings, Task, positive, require, run_cli
+from experiments.runner import RunContext, RunSettings, Task, model_device, positive, require, run_cli
 from models.decoding import beam_search
 from guides.alignment import InferenceNetwork
 from bam_pyro.alignment import ALIGNMENT_VARIANTS, AlignmentConfig, LatentAlignmentModel, elbo_for, guide_for
@@ -235,7 +235,9 @@ def build_model(settings: NmtSettings, data: Multi30k) -> BamModel:
 def perplexity(model: BamModel, split: EncodedSplit, batch_size: int) -> float:
     """exp of the mean negative log-likelihood per target piece (EOS included), as the model predicts."""
     total, tokens = 0.0, 0
+    device = model_device(model)
     for _, batch in split.ordered_batches(batch_size):
+        batch = batch.to(device)
         log_probs = model.log_probs(*batch.inputs)
         nll = -log_probs.gather(-1, batch.tgt_out.unsqueeze(-1)).squeeze(-1)
         total += float(nll[batch.tgt_mask].sum())
@@ -247,7 +249,9 @@ def translate(model: BamModel, data: Multi30k, split: EncodedSplit, beam_size: i
               batch_size: int) -> list[str]:
     """Detokenized beam-search translations of a split, in file order."""
     outputs = [""] * len(split)
+    device = model_device(model)
     for indices, batch in split.ordered_batches(batch_size):
+        batch = batch.to(device)
         for index, ids in zip(indices, beam_search(model, batch.src, batch.src_mask, BOS, EOS, beam_size, length_penalty)):
             outputs[index] = data.decode(ids)
     return outputs

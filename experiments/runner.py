@@ -120,6 +120,11 @@ class RunSettings:
         return dataclasses.asdict(self)
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where ``model``'s parameters are (the CPU for a model without any): where its inputs go."""
+    return next(iter(model.parameters()), torch.empty(0)).device
+
+
 #: the settings that are BamConfig's (all but its variant) and ObjectiveConfig's
 ATTENTION_FIELDS = tuple(f.name for f in dataclasses.fields(BamConfig) if f.name != "variant")
 OBJECTIVE_FIELDS = tuple(f.name for f in dataclasses.fields(ObjectiveConfig))
@@ -524,5 +529,5 @@ def write_tables(task: Task, results: pd.DataFrame, out: Path) -> dict[str, pd.D
     return tables
 
 
-__all__ = ["RunContext", "RunSettings", "SettingsMismatch", "Task", "TrainedRun", "load_trained", "positive",
+__all__ = ["RunContext", "RunSettings", "SettingsMismatch", "Task", "TrainedRun", "load_trained", "model_device", "positive",
            "require", "run_cli", "setting_differences", "whole_number"]
