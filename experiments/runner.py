@@ -35,8 +35,8 @@ for every task:
   metrics a run returns are averaged over the processes (float ones; others are process 0's).
 
       python -m experiments.glue --task rte --accelerator cuda --precision bf16-mixed
-      torchrun --standalone --nproc_per_node=2 -m experiments.glue --task rte --devices 2 --strategy ddp
-      srun --nodes=2 --ntasks-per-node=4 python -m experiments.glue --task rte --devices 4 --num-nodes 2
+      torchrun --standalone --nproc_per_node=4 -m experiments.glue --task rte --accelerator cuda
+      srun --nodes=2 --ntasks-per-node=4 python -m experiments.glue --task rte --accelerator cuda --devices 4 --num-nodes 2
 """
 
 from __future__ import annotations
@@ -308,7 +308,7 @@ def build_parser(task: Task) -> tuple[argparse.ArgumentParser, list[str]]:
     devices.add_argument("--strategy", choices=STRATEGIES, default=DeviceSettings.strategy,
                          help="ddp: data-parallel over the processes (fsdp is refused: see bam_pyro.distributed)")
     devices.add_argument("--precision", choices=PRECISIONS, default=DeviceSettings.precision,
-                         help="bf16-mixed / 16-mixed: autocast around the SVI step (the KL stays float32)")
+                         help="bf16-mixed / 16-mixed: autocast around the SVI step, float32 parameters")
     names = add_settings_options(parser, task.settings, skip=(task.panel, "variant", "seed"))
     return parser, names
 
