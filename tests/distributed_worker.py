@@ -71,7 +71,7 @@ def outcome(trainer: SVITrainer) -> dict:
 
 
 def main(out: Path) -> None:
-    engine = engine_for(DeviceSettings(accelerator="cpu", devices=2, strategy="ddp"))
+    engine = engine_for(DeviceSettings(accelerator="cpu"))  # devices and strategy "auto": the launcher's 2, DDP
     rank = engine.rank
 
     trainer, batches, evaluate = make_trainer("wc", engine)
