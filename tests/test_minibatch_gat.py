@@ -136,3 +136,24 @@ def test_counting_every_row_of_the_subgraphs_is_biased():
             full.model, AttentionGuide(full.model), batch.x, batch.edge_index, y=batch.y, nodes=labelled)
         total = total + float(naive)
     assert abs(total - float(expected)) > 0.05 * abs(float(expected))
+
+
+@pytest.mark.slow
+def test_gat_task_learns_on_minibatches(data_root, tmp_path):
+    """experiments.gat with --batch-size: neighbour-sampled training of BAM-WC on Cora learns."""
+    from experiments import gat
+    from experiments.records import RunFolder
+
+    gat.main(["--dataset", "cora", "--variant", "wc", "--batch-size", "35", "--num-neighbors", "5,5",
+              "--max-epochs", "20", "--threads", "1", "--data-root", str(data_root), "--out", str(tmp_path)])
+    record = RunFolder(tmp_path).record("cora-wc-seed0")
+    assert record["settings"]["batch_size"] == 35
+    assert record["metrics"]["test_acc"] > 50.0  # the majority class is 32% of the test nodes
+
+
+def test_gat_task_refuses_a_bad_fanout(data_root, tmp_path, capsys):
+    from experiments import gat
+
+    with pytest.raises(SystemExit):
+        gat.main(["--batch-size", "8", "--num-neighbors", "10", "--data-root", str(data_root), "--out", str(tmp_path)])
+    assert "num_neighbors must be two counts" in capsys.readouterr().err
