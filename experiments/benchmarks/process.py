@@ -9,6 +9,8 @@ tensors rather than the allocator's cache (it slows allocation, so times are tak
 
 from __future__ import annotations
 
+import argparse
+import gc
 import multiprocessing
 import os
 import statistics
@@ -81,3 +83,42 @@ def soft_and_bam_figures(soft: dict[str, float], bam: dict[str, float]) -> dict[
         "mem_ratio": round(bam["peak_mb"] / soft["peak_mb"], 3),
         "soft_rss_mb": round(soft["rss_mb"], 1), "bam_rss_mb": round(bam["rss_mb"], 1),
     }
+
+
+def add_device_option(parser: argparse.ArgumentParser) -> None:
+    """``--device`` (cpu, cuda, cuda:N): where a benchmark builds its models and data."""
+    parser.add_argument("--device", default="cpu", help="torch device of the models and data (cpu, cuda, cuda:1, ...)")
+
+
+def synchronized(device: str, function: Callable[[], Any]) -> Callable[[], Any]:
+    """``function``, waiting for the device's queued kernels before it returns (a CUDA step's time
+    is otherwise only its launch)."""
+    if not device.startswith("cuda"):
+        return function
+    import torch
+
+    def call() -> Any:
+        result = function()
+        torch.cuda.synchronize(device)
+        return result
+
+    return call
+
+
+def step_peak_mb(step: Callable[[], Any], device: str) -> float:
+    """Peak memory (MB) of one call of ``step`` above the memory before it: the kernel's resident
+    high-water mark on the CPU, the caching allocator's peak of allocated memory on a GPU."""
+    gc.collect()
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        torch.cuda.synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+    before = resident_mb()
+    reset_peak()
+    step()
+    return max(resident_mb("VmHWM") - before, 0.0)
