@@ -95,6 +95,11 @@ def test_trains_and_advances_the_annealing_step(tmp_path):
     assert trainer.state.global_step == STEPS and int(bam_model.step) == STEPS
     assert all(math.isfinite(loss) for loss in losses)
     assert losses[-1] < 0.8 * losses[0], losses
+    # evaluation: the ELBO as eval_loss, the posterior-mean logits as predictions
+    held_out = MarkerTokens(size=32, seed=1)
+    predicted = trainer.predict(held_out)
+    assert predicted.predictions.shape == (32, 2) and math.isfinite(predicted.metrics["test_loss"])
+    assert (predicted.predictions.argmax(-1) == held_out.labels.numpy()).mean() > 0.9
 
 
 def test_refuses_a_model_without_the_elbo(tmp_path):
