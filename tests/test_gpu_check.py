@@ -81,3 +81,22 @@ def test_environment_report_describes_this_machine():
     report = json.loads(done.stdout)
     assert report["cuda"] is False and report["gpu"] is None and report["packages"]["pyro"] == "1.9.2"
     assert report["packages"]["bam_pyro"] != "missing" and report["torch"] == torch.__version__
+
+
+def test_every_training_command_parses(tmp_path):
+    """The train parts' commands are valid for their task scripts (C's device options aside where
+    this checkout's runner lacks them), so a GPU lease is not spent on a typo."""
+    import importlib
+
+    from experiments.runner import build_parser
+
+    for part in planned(tmp_path):
+        if part.name.startswith("train-"):
+            task = importlib.import_module(part.command[1]).TASK
+            parser, names = build_parser(task)
+            arguments = list(part.command[2:])
+            if "--accelerator" not in parser.format_help():
+                arguments = arguments[:-len(gpu_check.GPU_TRAINING)]
+            args = parser.parse_args(arguments)
+            panel = (args.panels or [task.panels[0]])[0]
+            task.settings_for(panel, "wc", 0, {name: getattr(args, name) for name in names})  # validated
