@@ -110,6 +110,7 @@ def test_refuses_a_model_without_the_elbo(tmp_path):
         BamTrainer(bam_model, training_arguments(tmp_path), compute_loss_func=lambda *a, **k: 0.0)
     with pytest.raises(ValueError, match="ddp_find_unused_parameters must be False"):
         BamTrainer(bam_model, training_arguments(tmp_path, ddp_find_unused_parameters=True))
+    assert BamTrainer(bam_model, args=training_arguments(tmp_path)).args.ddp_find_unused_parameters is False
 
 
 @pytest.mark.slow

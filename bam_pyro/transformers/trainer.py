@@ -70,8 +70,8 @@ class BamTrainer(Trainer):
             raise TypeError("BamTrainer trains bam_model.network.model with the ELBO: pass neither model nor compute_loss_func")
         if args:
             args = (ddp_arguments(args[0]), *args[1:])
-        elif kwargs.get("args") is not None:
-            kwargs["args"] = ddp_arguments(kwargs["args"])
+        else:  # Trainer's own default when none are given, with DDP's search for unused parameters off
+            kwargs["args"] = ddp_arguments(kwargs.get("args") or TrainingArguments(output_dir="tmp_trainer"))
         callbacks = [*(kwargs.pop("callbacks", None) or []), AnnealingCallback(bam_model)]
         super().__init__(bam_model.network.model, *args, callbacks=callbacks, **kwargs)
         self.bam_model = bam_model
