@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Iterator, Optional
 
 import torch
 from torch import Tensor
@@ -15,11 +18,29 @@ from torch_geometric.utils import softmax as segment_softmax
 SHARED_SHIFT_RANGE = 80.0
 
 
+#: the number of seed nodes of a sampled subgraph whose rows alone enter the KL (see counted_rows)
+_COUNTED_ROWS: ContextVar[Optional[int]] = ContextVar("bam_counted_rows", default=None)
+
+
+@contextmanager
+def counted_rows(num_seeds: int) -> Iterator[None]:
+    """Within this context, the KL of edge attention counts only the rows (incoming edges) of the
+    targets ``0 .. num_seeds - 1``, the seed nodes of a neighbour-sampled subgraph; the other rows
+    are computed, and weight the messages, but are masked out of the sites (see
+    :mod:`bam_pyro.pyg.minibatch`). A context variable: safe under threads and asyncio."""
+    token = _COUNTED_ROWS.set(num_seeds)
+    try:
+        yield
+    finally:
+        _COUNTED_ROWS.reset(token)
+
+
 class EdgeKeys:
     """Keys are the sources of each target's incoming edges in a PyG ``edge_index``.
 
     ``num_nodes`` is the number of targets (queries); the sources may be other nodes (a bipartite
-    graph), per-key values then have one row per source. A graph without edges is allowed."""
+    graph), per-key values then have one row per source. A graph without edges is allowed. Inside
+    :func:`counted_rows` the ``mask`` leaves the rows of non-seed targets out of the KL."""
 
     event_dim = 2
     mask = None
@@ -30,6 +51,9 @@ class EdgeKeys:
             raise ValueError(f"edge_index must have shape [2, num_edges], got {tuple(edge_index.shape)}")
         self.source, self.target = edge_index[0], edge_index[1]
         self.num_nodes = num_nodes
+        num_seeds = _COUNTED_ROWS.get()
+        if num_seeds is not None:  # [E, 1]: the rows of the seed nodes, every head
+            self.mask = (self.target < num_seeds).unsqueeze(-1)
 
     def softmax(self, values: Tensor) -> Tensor:
         # Any shift by a constant per target gives the same softmax; the usual one, each target's
