@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q -c constraints.txt
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test test-slow bench docs tables
+.PHONY: install run test test-slow bench docs tables gpu-check gpu-wheels
 
 install: $(STAMP)
 
@@ -35,3 +35,18 @@ bench: $(STAMP)
 # The documentation site, built strictly (a warning fails it) into site/.
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict --site-dir site
+
+# A check of the project on one CUDA GPU in under 8 minutes, one JSON line per part
+# (experiments/gpu_check.py): the cuda tests, every bench on the GPU, each task a few hundred bf16
+# steps. It runs with the GPU machine's own python and torch, from this checkout (no install);
+# DATA is the data root, GPU_WHEELS the wheels `make gpu-wheels` downloaded (where there is a network)
+# for what that machine lacks (pyro-ppl, ArviZ, easy-vqa, the MiniLM).
+GPU_PYTHON ?= python3
+DATA ?= ../shared/data
+GPU_WHEELS ?= .whl
+
+gpu-check:
+	$(GPU_PYTHON) -m experiments.gpu_check --data-root $(DATA) $(if $(wildcard $(GPU_WHEELS)/*.whl),--wheels $(GPU_WHEELS))
+
+gpu-wheels:
+	$(GPU_PYTHON) -m experiments.gpu_check wheels --dest $(GPU_WHEELS)

@@ -31,7 +31,7 @@ from .config import BamConfig
 from .distributions import prior_distribution, variational_distribution
 from .normalize import LOG_FLOOR, log_normalized, normalize
 from .prior import ContextualPrior
-from .sites import AttentionSiteInfo, active_sites, sampling_requested
+from .sites import AttentionSiteInfo, active_sites, refuse_data_parallel_replica, sampling_requested
 
 class BayesianAttention(nn.Module):
     """Turns attention scores into attention weights, stochastic as ``config`` says.
@@ -58,6 +58,7 @@ class BayesianAttention(nn.Module):
     def forward(self, scores: Tensor, keys: Optional[Tensor], axis: AttentionAxis) -> Tensor:
         """``scores``: entries laid out as ``axis`` expects; ``keys``: ``[..., keys, heads, key_dim]``
         (only read by the contextual prior). Returns normalized weights shaped like ``scores``."""
+        refuse_data_parallel_replica(self)
         if not self.config.stochastic or self._predicts_mean():
             # E_q[S] = exp(Phi) normalizes to softmax(scores): the posterior-mean point prediction,
             # taken from the scores directly (no rounding through Phi, and no Phi to compute)

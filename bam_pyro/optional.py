@@ -8,6 +8,7 @@ from types import ModuleType
 #: the pip extra that brings each optional package
 EXTRAS = {
     "torch_geometric": "pyg",
+    "lightning": "lightning",
     "transformers": "transformers",
     "arviz": "diagnostics",
     "xarray": "diagnostics",

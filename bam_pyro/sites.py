@@ -14,10 +14,16 @@ The site's KL weight (annealing times reduction) is applied with ``poutine.scale
 entries: :func:`mean_scale`). Both prior and q are wrapped in
 an :class:`~bam_pyro.attention_map.AttentionMap`: one event per attention call, padding masked
 out (the KL of padded entries is exactly zero), the KL summed over the valid entries directly.
+
+The active contexts are per thread (a ``threading.local``, which ``torch.compile`` traces without
+a graph break): a network evaluated in one thread does not join a Pyro model running in another.
+``nn.DataParallel``'s replicas, which run in threads, are refused by name
+(:func:`refuse_data_parallel_replica`).
 """
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,7 +33,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro import poutine
-from torch import Tensor
+from torch import Tensor, nn
 
 from .attention_map import AttentionMap
 from .axes import AttentionAxis
@@ -100,38 +106,58 @@ def mean_scale(kl_scale: float, num_sites: int, num_valid: Union[int, Tensor], d
     return weight.to(torch.promote_types(dtype, torch.float32))
 
 
-_ACTIVE: list[AttentionSites] = []
+class _Context(threading.local):
+    """The active contexts, per thread: a model run in one thread is not seen by a network evaluated in
+    another (the module-level lists this replaces were). A thread starts with empty stacks."""
+
+    def __init__(self) -> None:
+        self.sites: list[AttentionSites] = []
+        self.sampling: list[bool] = []
+
+
+_CONTEXT = _Context()
 
 
 @contextmanager
 def attention_sites(
     kl_scale: float = 1.0, mean_over_sites: Optional[int] = None, record_weights: bool = False
 ) -> Iterator[AttentionSites]:
-    """Within this context, Bayesian attention layers are Pyro sample sites (see module doc)."""
+    """Within this context, Bayesian attention layers are Pyro sample sites (see module doc).
+    The context is this thread's: layers called in other threads do not see it."""
     sites = AttentionSites(kl_scale, mean_over_sites, record_weights)
-    _ACTIVE.append(sites)
+    _CONTEXT.sites.append(sites)
     try:
         yield sites
     finally:
-        _ACTIVE.pop()
+        _CONTEXT.sites.pop()
 
 
 def active_sites() -> Optional[AttentionSites]:
-    return _ACTIVE[-1] if _ACTIVE else None
-
-
-_SAMPLING: list[bool] = []
+    return _CONTEXT.sites[-1] if _CONTEXT.sites else None
 
 
 @contextmanager
 def attention_sampling(enabled: bool = True) -> Iterator[None]:
-    """Outside a Pyro model: draw attention from q even in eval mode (default there: the mean)."""
-    _SAMPLING.append(enabled)
+    """Outside a Pyro model: draw attention from q even in eval mode (default there: the mean).
+    The request is this thread's."""
+    _CONTEXT.sampling.append(enabled)
     try:
         yield
     finally:
-        _SAMPLING.pop()
+        _CONTEXT.sampling.pop()
 
 
 def sampling_requested() -> Optional[bool]:
-    return _SAMPLING[-1] if _SAMPLING else None
+    return _CONTEXT.sampling[-1] if _CONTEXT.sampling else None
+
+
+def refuse_data_parallel_replica(module: nn.Module) -> None:
+    """Raise if ``module`` is a replica made by ``nn.DataParallel``, which runs its replicas in
+    threads of their own: Pyro's effect handlers (the trace the ELBO reads) are process-wide, so
+    the replicas' sites would land in one trace under clashing names, and this thread's context
+    does not reach them. ``torch.nn.parallel.replicate`` marks each replica ``_is_replica``."""
+    if getattr(module, "_is_replica", False):
+        raise RuntimeError(
+            "Bayesian attention does not run under nn.DataParallel (replicas in threads share Pyro's "
+            "process-wide trace): train with one process per device instead (torchrun, Lightning Fabric "
+            "--strategy ddp, or the HF Trainer launched with torchrun)")

@@ -18,6 +18,28 @@ with ``torch.load(weights_only=True)``, which executes no pickled code. A file t
 back as a checkpoint (cut short, overwritten, another file) raises :class:`DamagedFile`, naming it.
 Loading does not notice a changed byte among the tensors: a caller that must know a file is the
 one written keeps its checksum (``experiments.records`` does, in a finished run's record).
+
+Devices, processes and precision come from an engine (:mod:`bam_pyro.distributed`): by default
+one process, as above; on Lightning Fabric (``engine_for(DeviceSettings(...))``) the loop also runs
+on GPUs, in mixed precision and data-parallel over several processes, and keeps all of the above:
+
+- every process builds the same epoch of batches and trains on its share of it (batch ``i`` goes to
+  process ``i % world_size``; a last incomplete round is filled from the epoch's first batches,
+  as ``DistributedSampler`` pads): each step's global batch is ``world_size`` batches;
+- the batches are built from a random stream all processes share, while the noise and dropout of
+  each process come from its own stream, derived from the seed and the rank once the model is
+  initialized (``DDP`` starts every process from process 0's parameters);
+- the epoch's mean loss and the evaluation's metrics are averaged over the processes; early
+  stopping and checkpoints by time are decided on process 0 and broadcast;
+- one checkpoint, written by process 0 (Fabric's save), holds every process's random state and
+  is read by every process onto its device (tensors are read to the CPU first: a GPU run resumes
+  on a CPU). Resuming needs as many processes as wrote it.
+
+On a GPU, bit-for-bit resume holds only where the kernels are deterministic: some are not by
+default (atomic adds in scatter and ``index_add``, which edge attention's softmax over
+neighbourhoods uses; some cuDNN kernels). ``torch.use_deterministic_algorithms(True)`` (with
+``CUBLAS_WORKSPACE_CONFIG=:4096:8``) makes them so or raises naming the operation; a run's record
+says whether it was on (:meth:`bam_pyro.distributed.LocalEngine.describe`).
 """
 
 from __future__ import annotations
@@ -36,6 +58,7 @@ import pyro
 import torch
 from tqdm.auto import tqdm
 
+from .distributed import ElboLoss, Engine, LocalEngine
 from .elbo import AttentionMeanFieldELBO
 from .model import BamModel
 from .validation import is_number
@@ -62,6 +85,29 @@ def rng_state() -> dict[str, Any]:
     if torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+def process_seed(seed: int, rank: int) -> int:
+    """The seed of process ``rank``'s own random stream in a run seeded with ``seed``: independent
+    streams per process (NumPy's ``SeedSequence``), none of them another seed's stream."""
+    return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
+
+
+def shard(items: Iterable[Any], rank: int, world_size: int) -> Iterator[Any]:
+    """Process ``rank``'s items of ``items``: item ``i`` for each ``i % world_size == rank``, and a
+    last incomplete round filled from the first items (as ``DistributedSampler`` pads), so that every
+    process gets the same number, ``ceil(len / world_size)``."""
+    head: list[Any] = []  # the first world_size - 1 items, which fill the last round
+    count = 0
+    for count, item in enumerate(items, 1):
+        if len(head) < world_size - 1:
+            head.append(item)
+        if (count - 1) % world_size == rank:
+            yield item
+    rounded = -(-count // world_size) * world_size
+    for position in range(count, rounded):
+        if position % world_size == rank:
+            yield head[(position - count) % len(head)]
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
@@ -199,6 +245,8 @@ class SVITrainer:
     whose metadata differs is refused, naming the entries, rather than resumed.
     ``elbo``: any object with ``differentiable_loss(model, guide, *args, **kwargs)``.
     ``scheduler``: a learning-rate scheduler stepped after every optimizer step (saved with it).
+    ``engine``: where it trains (:func:`bam_pyro.distributed.engine_for`; default: this process,
+    the model where it is). Under Fabric the model is moved to its device when training starts.
     """
 
     def __init__(
@@ -213,9 +261,11 @@ class SVITrainer:
         checkpoint_seconds: Optional[float] = None,
         metadata: Optional[dict[str, Any]] = None,
         scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = None,
+        engine: Optional[Engine] = None,
     ) -> None:
         self.model, self.guide, self.optimizer, self.scheduler = model, guide, optimizer, scheduler
         self.elbo = elbo or AttentionMeanFieldELBO()
+        self.engine = engine or LocalEngine()
         self.checkpoint = Path(checkpoint) if checkpoint else None
         self.checkpoint_every = checkpoint_every
         self.checkpoint_seconds = checkpoint_seconds
@@ -230,23 +280,43 @@ class SVITrainer:
         self.step_in_epoch = 0
         self.epoch_losses: list[float] = []
         self.epoch_rng: Optional[dict[str, Any]] = None
+        #: several processes: the random stream the batches are built from, the same on every process
+        self.batch_rng: Optional[dict[str, Any]] = None
         self.result: Optional[FitResult] = None
         self._last_save = time.perf_counter()
+        self._loss: Optional[torch.nn.Module] = None  # the ELBO as a module, as the engine set it up
+        self._optimizer: Optional[torch.optim.Optimizer] = None
+
+    def _set_up(self, first_batch: Callable[[], Optional[Batch]]) -> None:
+        """Hand the loss and the optimizer to the engine, once. Lazy parameters must exist before an
+        engine wraps or moves the model: they are made by a pass of the model on ``first_batch()``
+        (without gradients; it draws from the random streams as a step would)."""
+        if self._loss is not None:
+            return
+        if self.engine.wraps_model and any(torch.nn.parameter.is_lazy(p) for p in self.model.parameters()):
+            batch = first_batch()
+            if batch is None:
+                raise ValueError("the model has uninitialized (lazy) parameters and there is no batch to make them with")
+            with torch.no_grad():
+                self.model.model(*batch[0], **batch[1])
+        self._loss, self._optimizer = self.engine.setup(ElboLoss(self.model, self.guide, self.elbo), self.optimizer)
 
     def step(self, *args: Any, **kwargs: Any) -> float:
         """One SVI step on one batch; returns the loss (negative ELBO under the objective)."""
+        self._set_up(lambda: (args, kwargs))
         self.model.train()
-        loss = self.elbo.differentiable_loss(self.model.model, self.guide, *args, **kwargs)
+        args, kwargs = self.engine.to_device((args, kwargs))
+        loss = self._loss(*args, **kwargs)
         if not torch.isfinite(loss):
             raise FloatingPointError(
                 f"non-finite loss {loss.item()} at step {int(self.model.step)}; check the inputs "
                 "and the hyperparameters (k, sigma, beta, alpha, learning rate)"
             )
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        self._optimizer.zero_grad(set_to_none=True)
+        self.engine.backward(loss)
         if self.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-        self.optimizer.step()
+            self.engine.clip_gradients(self._loss, self._optimizer, self.grad_clip)
+        self._optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
         self.model.step += 1
@@ -268,10 +338,19 @@ class SVITrainer:
         many batches), a second progress bar follows the steps of the current epoch.
 
         ``batches()`` may shuffle with the global RNG (as a ``DataLoader`` does) or with its own
-        generator seeded by the epoch: a resume inside an epoch replays it from the epoch's start."""
+        generator seeded by the epoch: a resume inside an epoch replays it from the epoch's start.
+        On several processes every process calls ``batches()`` and trains on its share (module doc)."""
+        engine = self.engine
+        self._set_up(lambda: next(iter(batches()), None))
         if self.checkpoint is not None and self.checkpoint.exists():
             self.load(self.checkpoint, early_stopping)
+        elif engine.world_size > 1:
+            self.batch_rng = engine.broadcast(rng_state())
+            seed_everything(process_seed(engine.broadcast(torch.initial_seed()), engine.rank))
+        if steps_per_epoch:
+            steps_per_epoch = -(-steps_per_epoch // engine.world_size)  # this process's share
         self.plan = {"max_epochs": max_epochs, "steps_per_epoch": steps_per_epoch}
+        progress = progress and engine.is_global_zero
         start = time.perf_counter() - self.seconds  # the run's clock, a resumed run's included
         self._last_save = time.perf_counter()
         stopped = early_stopping is not None and early_stopping.waited >= early_stopping.patience
@@ -289,11 +368,11 @@ class SVITrainer:
                     self.save(self.checkpoint, early_stopping)
             self.model.eval()
             with torch.no_grad():
-                metrics = {name: float(value) for name, value in evaluate().items()}
-            record = {"epoch": self.epoch, "loss": float(np.mean(self.epoch_losses)), **metrics}
+                metrics = engine.mean({name: float(value) for name, value in evaluate().items()})
+            record = {"epoch": self.epoch, **engine.mean({"loss": float(np.mean(self.epoch_losses))}), **metrics}
             self.history.append(record)
             if early_stopping is not None:
-                stopped = early_stopping.update(metrics, self.epoch, self.model)
+                stopped = engine.broadcast(early_stopping.update(metrics, self.epoch, self.model))
             self.epoch += 1
             self.step_in_epoch, self.epoch_losses, self.epoch_rng = 0, [], None
             self.seconds = time.perf_counter() - start
@@ -314,26 +393,59 @@ class SVITrainer:
         return self.result
 
     def _epoch_batches(self, batches: Callable[[], Iterable[Batch]]) -> Iterator[Batch]:
-        """The current epoch's batches; after a resume inside the epoch, those not yet done."""
+        """This process's batches of the current epoch; after a resume inside the epoch, those not yet done."""
+        if self.engine.world_size > 1:
+            if self.step_in_epoch == 0:
+                self.epoch_rng = self.batch_rng
+            self.batch_rng = self.epoch_rng
+            remaining = shard(self._from_batch_stream(batches), self.engine.rank, self.engine.world_size)
+            return self._skip_done(remaining)
         if self.step_in_epoch == 0:
             self.epoch_rng = rng_state()
             return iter(batches())
         resumed_rng = rng_state()
         set_rng_state(self.epoch_rng)  # build the epoch's batches as they were first built
-        remaining = iter(batches())
+        remaining = self._skip_done(iter(batches()))
+        set_rng_state(resumed_rng)
+        return remaining
+
+    def _skip_done(self, remaining: Iterator[Batch]) -> Iterator[Batch]:
         for done in range(self.step_in_epoch):
             if next(remaining, None) is None:
                 raise ValueError(f"the checkpoint was written after step {self.step_in_epoch} of epoch "
                                  f"{self.epoch + 1}, but the epoch has only {done} batches now")
-        set_rng_state(resumed_rng)
         return remaining
 
+    def _from_batch_stream(self, batches: Callable[[], Iterable[Batch]]) -> Iterator[Batch]:
+        """``batches()``, every draw of it from the shared stream :attr:`batch_rng`."""
+        iterator = self._on_batch_stream(lambda: iter(batches()))
+        while True:
+            try:
+                batch = self._on_batch_stream(lambda: next(iterator))
+            except StopIteration:
+                return
+            yield batch
+
+    def _on_batch_stream(self, draw: Callable[[], Any]) -> Any:
+        own = rng_state()
+        set_rng_state(self.batch_rng)
+        try:
+            return draw()
+        finally:
+            self.batch_rng = rng_state()
+            set_rng_state(own)
+
     def _time_to_save(self) -> bool:
-        return (self.checkpoint is not None and self.checkpoint_seconds is not None
-                and time.perf_counter() - self._last_save >= self.checkpoint_seconds)
+        """Whether a checkpoint by time is due, as process 0's clock says."""
+        if self.checkpoint is None or self.checkpoint_seconds is None:
+            return False
+        return self.engine.broadcast(time.perf_counter() - self._last_save >= self.checkpoint_seconds)
 
     def state_dict(self, early_stopping: Optional[EarlyStopping] = None) -> dict[str, Any]:
-        return {
+        """The training state; on several processes every process must call it (it gathers their
+        random states and epoch losses)."""
+        processes = self.engine.gather({"rng": rng_state(), "epoch_losses": self.epoch_losses})
+        state = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
@@ -344,46 +456,62 @@ class SVITrainer:
             "history": self.history,
             "seconds": self.seconds,
             "early_stopping": early_stopping.state_dict() if early_stopping else None,
-            "rng": rng_state(),
+            "rng": processes[0]["rng"],
             "metadata": self.metadata,
             "plan": self.plan,
         }
+        if self.engine.world_size > 1:
+            state.update(processes=processes, batch_rng=self.batch_rng)
+        return state
 
     def save(self, path: os.PathLike, early_stopping: Optional[EarlyStopping] = None) -> None:
-        """Write the full training state atomically (a crash mid-write keeps the old file)."""
+        """Write the full training state atomically (a crash mid-write keeps the old file); on several
+        processes every process calls it and process 0 writes."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        torch.save(self.state_dict(early_stopping), tmp)
-        os.replace(tmp, path)
+        state = self.state_dict(early_stopping)
+        if self.engine.is_global_zero:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        self.engine.save(tmp, state)
+        if self.engine.is_global_zero:
+            os.replace(tmp, path)
         self._last_save = time.perf_counter()
 
     def load(self, path: os.PathLike, early_stopping: Optional[EarlyStopping] = None) -> None:
+        """Continue from the checkpoint ``path``, read to the CPU and loaded onto the model's device."""
         state = read_checkpoint(path)
         require_same_metadata(path, state["metadata"], self.metadata)
+        processes = state.get("processes", [{"rng": state["rng"], "epoch_losses": state["epoch_losses"]}])
+        if len(processes) != self.engine.world_size:
+            raise ValueError(f"{path} was written by {len(processes)} training process(es), this run has "
+                             f"{self.engine.world_size}: resume it with as many (each one's random stream is in it)")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.epoch, self.history, self.seconds = state["epoch"], state["history"], state["seconds"]
-        self.step_in_epoch, self.epoch_losses, self.epoch_rng = state["step_in_epoch"], state["epoch_losses"], state["epoch_rng"]
+        self.step_in_epoch, self.epoch_rng = state["step_in_epoch"], state["epoch_rng"]
+        self.batch_rng = state.get("batch_rng")
+        own = processes[self.engine.rank]
+        self.epoch_losses = own["epoch_losses"]
         if early_stopping is not None and state["early_stopping"] is not None:
             early_stopping.load_state_dict(state["early_stopping"])
-        set_rng_state(state["rng"])
+        set_rng_state(own["rng"])
 
 
 #: what every checkpoint of :meth:`SVITrainer.save` holds, whatever version wrote it
 CHECKPOINT_KEYS = ("model", "optimizer", "epoch", "history", "metadata")
 
 
-def read_checkpoint(path: os.PathLike, mmap: bool = False) -> dict[str, Any]:
+def read_checkpoint(path: os.PathLike, mmap: bool = False, map_location: Any = "cpu") -> dict[str, Any]:
     """A checkpoint written by :meth:`SVITrainer.save`, read without executing pickled code;
     :class:`DamagedFile` if it cannot be read back as one. ``mmap``: map the tensors instead of
-    reading them (cheap: for a look at the plain values)."""
+    reading them (cheap: for a look at the plain values). ``map_location``: where its tensors go
+    (``torch.load``'s; by default the CPU, wherever they were saved)."""
     if os.path.getsize(path) == 0:
         raise DamagedFile(path, "an empty file")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except (FileNotFoundError, PermissionError, IsADirectoryError, MemoryError):
         raise
     except Exception as error:  # torch.load's errors on a broken file: RuntimeError, EOFError, UnpicklingError, OSError...

@@ -1,6 +1,7 @@
 """Benchmarks that print their figures as one JSON line.
 
     python -m experiments.bench gat [--nodes N --edges E]   training step: PyG GATConv vs soft vs BAM-WC
+    python -m experiments.bench gat-minibatch [--nodes N --edges E]   BAM-WC step: neighbour-sampled mini-batches vs full-batch
     python -m experiments.bench predictive                  posterior samples of a trained BAM-WC GAT
     python -m experiments.bench bert                        finetuning step: soft vs BAM-WC MiniLM
     python -m experiments.bench nmt                         translation training step: soft vs BAM-WC LSTM
@@ -16,6 +17,7 @@ import sys
 
 BENCHMARKS = {
     "gat": "experiments.benchmarks.gat",
+    "gat-minibatch": "experiments.benchmarks.gat_minibatch",
     "predictive": "experiments.benchmarks.predictive",
     "bert": "experiments.benchmarks.bert",
     "nmt": "experiments.benchmarks.nmt",

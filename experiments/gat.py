@@ -15,7 +15,7 @@ nodes (``python -m analysis.report OUT`` gathers them into a report).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import pandas as pd
 import torch
@@ -26,7 +26,7 @@ from bam_pyro.training import EarlyStopping, seed_everything
 from experiments.graph_uncertainty import attention_diagnostics, draw_figures, score_modes, uncertainty_table
 from experiments.planetoid import NAMES, load_planetoid
 from experiments.runner import RunContext, RunSettings, Task, paired_table, positive, require, run_cli
-from bam_pyro.pyg import NodeClassifier, validate_graph
+from bam_pyro.pyg import FullGraph, NeighborBatches, NodeClassifier, SubgraphNodeClassifier, validate_graph
 from models.gat import build_node_classifier
 
 #: Test accuracy of the paper's Table 1 (mean of 5 runs).
@@ -85,6 +85,12 @@ class GatSettings(RunSettings):
     dropout_chunk: int = field(default=10, metadata={"help": "draws per pass with MC dropout (inputs copied per draw)"})
     chains: int = field(default=0, metadata={"help": "chains of the ArviZ diagnostics of BAM's attention (0: none)"})
     diag_nodes: int = field(default=3, metadata={"help": "test nodes whose attention is diagnosed"})
+    batch_size: Optional[int] = field(default=None, metadata={
+        "help": "seed nodes per mini-batch, with neighbour sampling (default: full-batch training)"})
+    num_neighbors: str = field(default="10,10", metadata={
+        "help": "mini-batches: incoming edges sampled per node, one count per layer ('10,10'; -1: all)"})
+    seed_nodes: Literal["train", "all"] = field(default="train", metadata={
+        "help": "mini-batches: seeds from the training nodes (KL of their rows) or all nodes (the full-graph ELBO)"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -95,6 +101,14 @@ class GatSettings(RunSettings):
             positive(name, getattr(self, name), minimum=1, strict=False)
         positive("chains", self.chains, strict=False)
         require(self.samples == 0 or self.samples >= 2, "samples", self.samples, "0 or at least 2 (PAvPU's t-test)")
+        positive("batch_size", self.batch_size, minimum=1, strict=False)
+        fanout = self.num_neighbors.replace(",", " ").split()
+        require(len(fanout) == 2 and all(n.lstrip("-").isdigit() and (int(n) > 0 or n == "-1") for n in fanout),
+                "num_neighbors", self.num_neighbors, "two counts, one per GAT layer, each positive or -1 (e.g. '10,10')")
+
+    @property
+    def fanout(self) -> list[int]:
+        return [int(n) for n in self.num_neighbors.replace(",", " ").split()]
 
 
 def presets(dataset: str, variant: str) -> dict[str, Any]:
@@ -121,19 +135,40 @@ def train_classifier(settings: GatSettings, graph, run: RunContext) -> NodeClass
     seed_everything(settings.seed)
     model = build_model(settings, num_features, num_classes)
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    if settings.batch_size is None:
+        batch = ((data.x, data.edge_index), dict(y=data.y, nodes=data.train_mask.nonzero().flatten()))
+        batches = lambda: [batch]  # noqa: E731  (the whole graph, every epoch)
+    else:
+        model, batches = minibatch_training(model, data, settings)
     trainer = run.trainer(model, AttentionGuide(model.model), optimizer)
-    batch = ((data.x, data.edge_index), dict(y=data.y, nodes=data.train_mask.nonzero().flatten()))
 
     def evaluate() -> dict[str, float]:
         val_loss, val_acc = node_metrics(model.network(data.x, data.edge_index), data.y, data.val_mask)
         return {"val_loss": val_loss, "val_acc": val_acc}
 
     stopping = EarlyStopping({"val_loss": "min", "val_acc": "max"}, patience=settings.patience)
-    trainer.fit(lambda: [batch], evaluate, settings.max_epochs, stopping, run.progress, run.description)
+    trainer.fit(batches, evaluate, settings.max_epochs, stopping, run.progress, run.description)
     return model
 
 
+def minibatch_training(model: NodeClassifier, data, settings: GatSettings):
+    """The model and the epoch's batches of neighbour-sampled mini-batch training: seeds from the
+    training nodes (or all nodes), the ELBO scaled to be unbiased (``bam_pyro.pyg.minibatch``)."""
+    seeds = data.train_mask.nonzero().flatten() if settings.seed_nodes == "train" else torch.arange(data.num_nodes)
+    full = FullGraph.of(data.edge_index, data.num_nodes, seeds, data.train_mask)
+    model = SubgraphNodeClassifier(model.network, settings.objective, full)
+    loader = NeighborBatches(data, settings.fanout, settings.batch_size, input_nodes=seeds)
+
+    def batches():
+        for batch in loader:
+            labelled = batch.train_mask[:batch.batch_size].nonzero().flatten()
+            yield (batch.x, batch.edge_index), dict(y=batch.y, nodes=labelled, num_seeds=batch.batch_size)
+
+    return model, batches
+
+
 def train(settings: GatSettings, graph, run: RunContext) -> dict[str, float]:
+    graph = (graph[0].to(run.device), *graph[1:])  # trained and scored where the model is
     model = train_classifier(settings, graph, run)
     data = graph[0]
     model.eval()

@@ -34,7 +34,7 @@ from bam_pyro import AttentionGuide, BamModel, BayesianAttention
 from bam_pyro.predictive import predictive_draws
 from bam_pyro.training import seed_everything
 from experiments.glue_data import TASKS, Encoded, GlueData, batches, load_glue, task_metrics
-from experiments.runner import RunContext, RunSettings, Task, positive, require, run_cli
+from experiments.runner import RunContext, RunSettings, Task, model_device, positive, require, run_cli
 from bam_pyro.transformers import DEFAULT_MODEL, build_sequence_model, resolve_pretrained
 
 #: Weibull shape k per task (paper, Table 9); tasks the paper does not list use 100.
@@ -86,9 +86,10 @@ def presets(task: str, variant: str) -> dict[str, Any]:
 def predict(network: torch.nn.Module, data: Encoded, batch_size: int, collator) -> tuple[np.ndarray, np.ndarray]:
     """Posterior-mean outputs (eval mode) over ``data``: (outputs [n, num_labels], labels)."""
     network.eval()
+    device = model_device(network)
     outputs, labels = [], []
     for args, targets in batches(data, 4 * batch_size, collator, shuffle=False):
-        outputs.append(network(*args))
+        outputs.append(network(*(arg.to(device) for arg in args)))
         labels.append(targets["labels"])
     return torch.cat(outputs).cpu().numpy(), torch.cat(labels).cpu().numpy()
 
@@ -100,8 +101,10 @@ def posterior_probs(bam_model: BamModel, data: Encoded, batch_size: int, collato
     Pyro's vectorized ``Predictive``, so each draw is one pass (chunks of one draw). A network
     without stochastic attention (soft) is a point mass: two draws, the fewest the metrics take."""
     stochastic = any(isinstance(m, BayesianAttention) and m.config.stochastic for m in bam_model.network.modules())
+    device = model_device(bam_model)
     samples, labels = [], []
     for args, targets in batches(data, 4 * batch_size, collator, shuffle=False):
+        args = tuple(arg.to(device) for arg in args)
         samples.append(predictive_draws(bam_model, args, draws if stochastic else 2, chunk_size=1).probs)
         labels.append(targets["labels"])
     return torch.cat(samples, dim=1).cpu().numpy(), torch.cat(labels).cpu().numpy()
@@ -125,7 +128,7 @@ def train(settings: GlueSettings, data: GlueData, run: RunContext) -> dict[str, 
     bam_model = build_model(settings, data)
     optimizer = torch.optim.AdamW(bam_model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     steps_per_epoch = -(-len(data.train) // settings.batch_size)
-    total = steps_per_epoch * settings.epochs
+    total = run.steps_per_process(steps_per_epoch) * settings.epochs
     schedule = get_linear_schedule_with_warmup(optimizer, int(settings.warmup * total), total)
     trainer = run.trainer(bam_model, AttentionGuide(bam_model.model), optimizer, grad_clip=1.0,
                           checkpoint_every=1, scheduler=schedule)

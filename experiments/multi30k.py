@@ -18,6 +18,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,6 +171,10 @@ class ParallelBatch:
     def inputs(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The network's inputs (the model's positional arguments)."""
         return self.src, self.src_mask, self.tgt_in, self.tgt_mask
+
+    def to(self, device: torch.device) -> "ParallelBatch":
+        """The batch on ``device`` (where the model is)."""
+        return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)})
 
 
 def _padded(sequences: Sequence[np.ndarray]) -> tuple[Tensor, Tensor]:

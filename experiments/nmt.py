@@ -55,7 +55,7 @@ from bam_pyro import AttentionGuide, BamModel
 from bam_pyro.training import EarlyStopping, seed_everything
 from experiments.multi30k import BOS, EOS, HUB_DATASET, BpeSettings, EncodedSplit, Multi30k, load_multi30k
 from experiments.nmt_attention import attention_uncertainty
-from experiments.runner import RunContext, RunSettings, Task, positive, require, run_cli
+from experiments.runner import RunContext, RunSettings, Task, model_device, positive, require, run_cli
 from models.decoding import beam_search
 from guides.alignment import InferenceNetwork
 from bam_pyro.alignment import ALIGNMENT_VARIANTS, AlignmentConfig, LatentAlignmentModel, elbo_for, guide_for
@@ -235,7 +235,9 @@ def build_model(settings: NmtSettings, data: Multi30k) -> BamModel:
 def perplexity(model: BamModel, split: EncodedSplit, batch_size: int) -> float:
     """exp of the mean negative log-likelihood per target piece (EOS included), as the model predicts."""
     total, tokens = 0.0, 0
+    device = model_device(model)
     for _, batch in split.ordered_batches(batch_size):
+        batch = batch.to(device)
         log_probs = model.log_probs(*batch.inputs)
         nll = -log_probs.gather(-1, batch.tgt_out.unsqueeze(-1)).squeeze(-1)
         total += float(nll[batch.tgt_mask].sum())
@@ -247,7 +249,9 @@ def translate(model: BamModel, data: Multi30k, split: EncodedSplit, beam_size: i
               batch_size: int) -> list[str]:
     """Detokenized beam-search translations of a split, in file order."""
     outputs = [""] * len(split)
+    device = model_device(model)
     for indices, batch in split.ordered_batches(batch_size):
+        batch = batch.to(device)
         for index, ids in zip(indices, beam_search(model, batch.src, batch.src_mask, BOS, EOS, beam_size, length_penalty)):
             outputs[index] = data.decode(ids)
     return outputs
@@ -293,7 +297,7 @@ def early_stopping(settings: NmtSettings) -> EarlyStopping:
 def train_run(settings: NmtSettings, data: Multi30k, run: RunContext) -> dict[str, float]:
     seed_everything(settings.seed)
     steps_per_epoch = data.train.num_batches(settings.batch_size)
-    trainable = build_trainable(settings, data.vocab_size, settings.warm_epochs * steps_per_epoch)
+    trainable = build_trainable(settings, data.vocab_size, settings.warm_epochs * run.steps_per_process(steps_per_epoch))
     model = trainable.model
     trainer = run.trainer(model, trainable.guide, make_optimizer(settings, model), elbo=trainable.elbo, grad_clip=settings.grad_clip)
 
@@ -310,7 +314,7 @@ def train_run(settings: NmtSettings, data: Multi30k, run: RunContext) -> dict[st
                          progress=run.progress, description=run.description, steps_per_epoch=steps_per_epoch)
     training_seconds = result.seconds - sum(record["eval_seconds"] for record in result.history)
     model.eval()
-    scores = {"seconds_per_step": training_seconds / (result.epochs * steps_per_epoch),
+    scores = {"seconds_per_step": training_seconds / (result.epochs * run.steps_per_process(steps_per_epoch)),
               "parameters": count_parameters(model)}
     for name, split in (("val", data.val), ("test", data.test)):
         scores[f"{name}_ppl"] = perplexity(model, split, settings.eval_batch_size)

@@ -44,6 +44,7 @@ from bam_pyro import BamModel
 from bam_pyro.alignment import ALIGNMENT, LatentAlignmentModel, guide_for, masked_scores
 from bam_pyro.diagnostics import AttentionDiagnostics, Chain, attention_chains, seeded_chains
 from experiments.multi30k import EncodedSplit, Multi30k, ParallelBatch
+from experiments.runner import model_device
 
 #: validation sentences whose attention is drawn (the first ones of the file)
 SENTENCES = (0, 1, 2)
@@ -108,8 +109,8 @@ def posterior_chains(model: BamModel | LatentAlignmentModel, batch: ParallelBatc
     """Posterior and prior chains of the batch's attention (see module doc), laid out by :func:`as_entries`."""
     if isinstance(model, LatentAlignmentModel):
         pairs = seeded_chains(lambda: alignment_draws(model, batch, draws), seed, chains)
-        return ([{SITE: as_entries(posterior, batch).numpy()} for posterior, _ in pairs],
-                [{SITE: as_entries(prior.expand_as(posterior), batch).numpy()} for posterior, prior in pairs])
+        return ([{SITE: as_entries(posterior, batch).cpu().numpy()} for posterior, _ in pairs],
+                [{SITE: as_entries(prior.expand_as(posterior), batch).cpu().numpy()} for posterior, prior in pairs])
     return attention_chains(model, batch.inputs, draws, seed=seed, chains=chains, layers=[SITE],
                             select_attention=lambda weights: as_entries(weights, batch),
                             probs_fn=reference_probability(batch), chunk_size=min(draws, 50))
@@ -147,7 +148,7 @@ def attention_uncertainty(model: BamModel | LatentAlignmentModel, data: Multi30k
     for sentence in sentences:
         if not 0 <= sentence < len(split):
             raise ValueError(f"sentence {sentence} is out of range: the split has {len(split)} sentences (0-{len(split) - 1})")
-    batch = split.batch(list(sentences))
+    batch = split.batch(list(sentences)).to(model_device(model))
     posterior, prior = posterior_chains(model, batch, draws, seed, chains)
     folder = Path(folder)
     source, target = pieces(data, batch.src[0], batch.src_mask[0]), pieces(data, batch.tgt_out[0], batch.tgt_mask[0])

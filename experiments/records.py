@@ -268,12 +268,18 @@ class RunFolder:
 
 
 def new_record(task: str, settings: Mapping[str, Any], metrics: Mapping[str, Any],
-               training: Optional[Mapping[str, Any]], wall_seconds: float) -> dict[str, Any]:
-    return {
+               training: Optional[Mapping[str, Any]], wall_seconds: float,
+               environment: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+    """A run's record. ``environment``: where it ran (devices, processes, strategy, precision,
+    whether torch's deterministic algorithms were on: :meth:`bam_pyro.distributed.LocalEngine.describe`)."""
+    record = {
         "task": task, "settings": dict(settings), "metrics": dict(metrics),
         "training": dict(training) if training else None, "wall_seconds": round(wall_seconds, 1),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": versions(),
     }
+    if environment is not None:
+        record["environment"] = dict(environment)
+    return record
 
 
 def read_folders(folders: Sequence[os.PathLike]) -> list[dict[str, Any]]:

@@ -21,20 +21,37 @@ for every task:
   line and status 2, as argparse does, before any work; bugs keep their traceback. Every check
   that needs no data runs before the data load: the options, the output folder, the folder's
   records and the checkpoints of the runs asked for (finished: their checksums; unfinished:
-  readable and of the same settings).
+  readable and of the same settings);
+- devices, processes and precision (``--accelerator``, ``--devices``, ``--num-nodes``,
+  ``--strategy``, ``--precision``: :class:`bam_pyro.distributed.DeviceSettings`, Lightning Fabric's
+  names), which are not settings: a run may resume on other devices (a GPU run on a CPU), and its
+  record says where it ran (``environment``). By default one process, on the GPU if there is one,
+  in float32; on a machine without a GPU that is the runner as it was before Fabric, and needs no
+  Lightning. The same command runs as one process, under ``torchrun`` and under SLURM's ``srun``
+  (``--devices`` and ``--num-nodes`` as the launcher's processes per node and nodes; with
+  ``--devices N`` and no launcher, Fabric starts the N processes). Several processes train each
+  run together (data-parallel, :mod:`bam_pyro.training`): process 0 claims the run and writes its
+  checkpoint, record and tables; the others write their artifacts to a scratch folder; the
+  metrics a run returns are averaged over the processes (float ones; others are process 0's).
+
+      python -m experiments.glue --task rte --accelerator cuda --precision bf16-mixed
+      torchrun --standalone --nproc_per_node=4 -m experiments.glue --task rte --accelerator cuda
+      srun --nodes=2 --ntasks-per-node=4 python -m experiments.glue --task rte --accelerator cuda --devices 4 --num-nodes 2
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import os
+import tempfile
 import time
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Literal, Mapping, Optional, Sequence, Union
 
 import pandas as pd
 import torch
@@ -42,6 +59,7 @@ import torch
 from analysis.plots import paired_runs
 from analysis.tables import paired_difference, summarize
 from bam_pyro import VARIANTS, BamConfig, ObjectiveConfig, validation
+from bam_pyro.distributed import ACCELERATORS, PRECISIONS, STRATEGIES, DeviceSettings, Engine, LocalEngine, engine_for
 from bam_pyro.validation import require
 from bam_pyro.config import GammaShape, PriorScope, Reduction
 from bam_pyro.training import FitResult, SVITrainer, metadata_differences
@@ -102,6 +120,11 @@ class RunSettings:
         return dataclasses.asdict(self)
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where ``model``'s parameters are (the CPU for a model without any): where its inputs go."""
+    return next(iter(model.parameters()), torch.empty(0)).device
+
+
 #: the settings that are BamConfig's (all but its variant) and ObjectiveConfig's
 ATTENTION_FIELDS = tuple(f.name for f in dataclasses.fields(BamConfig) if f.name != "variant")
 OBJECTIVE_FIELDS = tuple(f.name for f in dataclasses.fields(ObjectiveConfig))
@@ -116,25 +139,41 @@ positive = functools.partial(validation.positive, optional=True)
 
 @dataclass
 class RunContext:
-    """What a task's ``train`` gets besides its settings and data."""
+    """What a task's ``train`` gets besides its settings and data.
 
-    folder: Path  # this run's own folder: its checkpoint, record and any artifacts
+    ``folder``: where the run's artifacts go (process 0: the run's own folder; the others of a
+    several-process run: a scratch folder); ``checkpoint``: the run's checkpoint (default: in
+    ``folder``); ``engine``: where its trainers train (default: this process)."""
+
+    folder: Path
     settings: RunSettings
     progress: bool = True
     checkpoint_seconds: Optional[float] = 180.0
     description: str = "train"
     trainers: list[SVITrainer] = field(default_factory=list)
+    engine: Engine = field(default_factory=LocalEngine)
+    checkpoint: Optional[Path] = None
 
     def trainer(self, model, guide, optimizer, elbo=None, grad_clip: Optional[float] = None,
                 checkpoint_every: int = 50, scheduler=None) -> SVITrainer:
-        """An :class:`~bam_pyro.training.SVITrainer` that checkpoints into this run's folder by
-        epoch and by time, and refuses a checkpoint written with other settings."""
-        trainer = SVITrainer(model, guide, optimizer, elbo=elbo, checkpoint=self.folder / CHECKPOINT,
+        """An :class:`~bam_pyro.training.SVITrainer` on this run's engine that checkpoints into
+        the run's folder by epoch and by time, and refuses a checkpoint written with other settings."""
+        trainer = SVITrainer(model, guide, optimizer, elbo=elbo, checkpoint=self.checkpoint or self.folder / CHECKPOINT,
                              checkpoint_every=checkpoint_every, grad_clip=grad_clip,
                              checkpoint_seconds=self.checkpoint_seconds, metadata=self.settings.row(),
-                             scheduler=scheduler)
+                             scheduler=scheduler, engine=self.engine)
         self.trainers.append(trainer)
         return trainer
+
+    @property
+    def device(self) -> torch.device:
+        """Where the run's model trains: a task's evaluation inputs go there."""
+        return self.engine.device
+
+    def steps_per_process(self, batches: int) -> int:
+        """The SVI steps each process takes in an epoch of ``batches`` batches (its share of them:
+        what step-based schedules count)."""
+        return -(-batches // self.engine.world_size)
 
     @property
     def fit_result(self) -> Optional[FitResult]:
@@ -242,6 +281,11 @@ def whole_number(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def devices_option(text: str) -> Union[int, str]:
+    """An argparse ``type`` for ``--devices``: ``auto`` or a whole number >= 1."""
+    return text if text == "auto" else whole_number(1)(text)
+
+
 def build_parser(task: Task) -> tuple[argparse.ArgumentParser, list[str]]:
     parser = argparse.ArgumentParser(prog=f"python -m experiments.{task.name}", description=task.description)
     parser.add_argument(f"--{task.panel.replace('_', '-')}", dest="panels", nargs="+", choices=list(task.panels),
@@ -255,6 +299,16 @@ def build_parser(task: Task) -> tuple[argparse.ArgumentParser, list[str]]:
     parser.add_argument("--checkpoint-minutes", type=float, default=3.0,
                         help="also checkpoint inside an epoch once this many minutes have passed (0: after every step)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    devices = parser.add_argument_group("devices (Lightning Fabric's; not settings: a run may resume on others)")
+    devices.add_argument("--accelerator", choices=ACCELERATORS, default=DeviceSettings.accelerator,
+                         help="auto: a GPU if there is one, else the CPU")
+    devices.add_argument("--devices", type=devices_option, default=DeviceSettings.devices,
+                         help="devices (processes) per node, or auto: the launcher's processes per node (torchrun, srun), else 1")
+    devices.add_argument("--num-nodes", type=whole_number(1), default=DeviceSettings.num_nodes, help="machines")
+    devices.add_argument("--strategy", choices=STRATEGIES, default=DeviceSettings.strategy,
+                         help="ddp: data-parallel over the processes (fsdp is refused: see bam_pyro.distributed)")
+    devices.add_argument("--precision", choices=PRECISIONS, default=DeviceSettings.precision,
+                         help="bf16-mixed / 16-mixed: autocast around the SVI step, float32 parameters")
     names = add_settings_options(parser, task.settings, skip=(task.panel, "variant", "seed"))
     return parser, names
 
@@ -270,11 +324,12 @@ def run_cli(task: Task, argv: Optional[Sequence[str]] = None) -> dict[str, pd.Da
         if args.data_root is not None and task.data_source:
             raise ValueError(f"--data-root is not read by {task.name}: its data come from {task.data_source}")
         require_writable_folder(args.out)
+        engine = engine_for(DeviceSettings(args.accelerator, args.devices, args.num_nodes, args.strategy, args.precision))
         plan = plan_sweep(task, args.panels, args.variant, args.seeds, {n: getattr(args, n) for n in names}, RunFolder(args.out))
-    except (ValueError, TypeError) as error:
-        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    except (ValueError, TypeError, ImportError) as error:
+        parser.exit(2, f"{parser.prog}: error: {str(error).strip().splitlines()[0]}\n")
     torch.set_num_threads(args.threads)
-    return run_sweep(task, plan, RunFolder(args.out), args, parser)
+    return run_sweep(task, engine.broadcast(plan), RunFolder(args.out), args, parser, engine)
 
 
 def require_agreement(results: pd.DataFrame, task: Task, settings: Sequence[str], advice: str) -> None:
@@ -314,8 +369,11 @@ def plan_sweep(task: Task, panels: Sequence[str], variants: Sequence[str], seeds
     return plan
 
 
-def run_sweep(task: Task, plan: Mapping[str, list[RunSettings]], folder: RunFolder,
-              args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, pd.DataFrame]:
+def run_sweep(task: Task, plan: Mapping[str, list[RunSettings]], folder: RunFolder, args: argparse.Namespace,
+              parser: argparse.ArgumentParser, engine: Optional[Engine] = None) -> dict[str, pd.DataFrame]:
+    """Train the planned runs (each by the processes of ``engine`` together) and write the tables;
+    processes other than process 0 return no tables."""
+    engine = engine or LocalEngine()
     for panel, runs in plan.items():
         if not runs:
             continue
@@ -325,33 +383,54 @@ def run_sweep(task: Task, plan: Mapping[str, list[RunSettings]], folder: RunFold
             parser.exit(2, f"{parser.prog}: error: {error}\n")
         for settings in runs:
             name = task.run_name(settings)
-            with folder.claimed(name) as ours:
+            with claimed_by_process_zero(folder, name, engine) as ours:
                 if not ours:
                     print(f"{name}: being trained by another process in {folder.out}, left to it", flush=True)
                     continue
-                if folder.finished(name, task.name, settings.row()):  # by another process since the plan
-                    continue
-                record = train_one(task, settings, data, folder, args)
+                if engine.broadcast(engine.is_global_zero and folder.finished(name, task.name, settings.row())):
+                    continue  # by another process since the plan
+                record = train_one(task, settings, data, folder, args, engine)
+            if not engine.is_global_zero:
+                continue
             shown = ", ".join(f"{m} {record['metrics'][m]:.4g}" for m in task.metrics_of(panel) if m in record["metrics"])
             print(f"{panel} {settings.variant} seed {settings.seed}: {shown} ({record['wall_seconds']:.0f}s)", flush=True)
+    if not engine.is_global_zero:
+        return {}
     results = folder.write_results()
     asked = results[results[task.panel].isin(args.panels) & results["variant"].isin(args.variant)]
     return write_tables(task, asked, folder.out)
 
 
-def train_one(task: Task, settings: RunSettings, data: Any, folder: RunFolder, args: argparse.Namespace) -> dict:
-    """Train one run and save its record."""
+@contextlib.contextmanager
+def claimed_by_process_zero(folder: RunFolder, name: str, engine: Engine) -> Iterator[bool]:
+    """:meth:`RunFolder.claimed` by process 0, its answer on every process."""
+    if not engine.is_global_zero:
+        yield engine.broadcast(None)
+        return
+    with folder.claimed(name) as ours:
+        yield engine.broadcast(ours)
+
+
+def train_one(task: Task, settings: RunSettings, data: Any, folder: RunFolder, args: argparse.Namespace,
+              engine: Optional[Engine] = None) -> dict:
+    """Train one run (on every process of ``engine``) and save its record (process 0)."""
+    engine = engine or LocalEngine()
     name = task.run_name(settings)
-    context = RunContext(folder.run_dir(name), settings, progress=not args.no_progress,
-                         checkpoint_seconds=60 * args.checkpoint_minutes, description=name)
-    start = time.perf_counter()
-    metrics = task.train(settings, data, context)
+    with contextlib.ExitStack() as scratch:
+        artifacts = folder.run_dir(name) if engine.is_global_zero else Path(
+            scratch.enter_context(tempfile.TemporaryDirectory(prefix=f"{name}-process{engine.rank}-")))
+        context = RunContext(artifacts, settings, progress=not args.no_progress, checkpoint_seconds=60 * args.checkpoint_minutes,
+                             description=name, engine=engine, checkpoint=folder.run_dir(name) / CHECKPOINT)
+        start = time.perf_counter()
+        metrics = task.train(settings, data, context)
+    metrics = {**metrics, **engine.mean({k: v for k, v in metrics.items() if isinstance(v, float)})}
     fit = context.fit_result
     training = None if fit is None else {
         "epochs": fit.epochs, "best_epoch": fit.best_epoch, "stopped_early": fit.stopped_early,
         "seconds": round(fit.seconds, 1), "monitors": fit.monitors, "history": fit.history}
-    record = new_record(task.name, settings.row(), metrics, training, time.perf_counter() - start)
-    folder.save(name, record)
+    record = new_record(task.name, settings.row(), metrics, training, time.perf_counter() - start, engine.describe())
+    if engine.is_global_zero:
+        folder.save(name, record)
     return record
 
 
@@ -450,5 +529,5 @@ def write_tables(task: Task, results: pd.DataFrame, out: Path) -> dict[str, pd.D
     return tables
 
 
-__all__ = ["RunContext", "RunSettings", "SettingsMismatch", "Task", "TrainedRun", "load_trained", "positive",
+__all__ = ["RunContext", "RunSettings", "SettingsMismatch", "Task", "TrainedRun", "load_trained", "model_device", "positive",
            "require", "run_cli", "setting_differences", "whole_number"]

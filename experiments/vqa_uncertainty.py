@@ -37,6 +37,7 @@ from bam_pyro import BamConfig
 from bam_pyro.predictive import predictive_draws
 from bam_pyro.training import seed_everything
 from experiments.easy_vqa import ANSWER_TYPES, EasyVqa, VqaSplit, tokenize, type_key
+from experiments.runner import model_device
 from models.vqa import VqaModel, guided_attention_sites
 
 #: the PAvPU threshold of the headline columns (the paper does not say which it used)
@@ -52,9 +53,10 @@ def modes_for(config: BamConfig) -> list[str]:
 
 @torch.no_grad()
 def grid_features(model: VqaModel, split: VqaSplit, batch: int) -> torch.Tensor:
-    """The CNN's grid features of every image of ``split``, ``[images, cells, features]``."""
+    """The CNN's grid features of every image of ``split``, ``[images, cells, features]``, on the model's device."""
     model.eval()
-    return torch.cat([model.network.image_features(images) for images in split.images.split(batch)])
+    device = model_device(model)
+    return torch.cat([model.network.image_features(images.to(device)) for images in split.images.split(batch)])
 
 
 def feature_noise(shape: torch.Size, seed: int) -> torch.Tensor:
@@ -71,14 +73,16 @@ def noisy(clean: torch.Tensor, noise: torch.Tensor, variance: float) -> torch.Te
 @torch.no_grad()
 def posterior_mean_logits(model: VqaModel, split: VqaSplit, batch: int, features: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Logits ``[questions, answers]`` of the posterior-mean prediction (eval mode: every attention
-    replaced by its mean, no dropout), from the images or from per-image grid ``features``."""
+    replaced by its mean, no dropout), from the images or from per-image grid ``features``; on the CPU."""
     model.eval()
+    device = model_device(model)
     logits = []
     for rows in torch.arange(len(split)).split(batch):
+        words = split.question_words(rows).to(device)
         if features is None:
-            logits.append(model.network(split.question_words(rows), split.question_images(rows)))
+            logits.append(model.network(words, split.question_images(rows).to(device)).cpu())
         else:
-            logits.append(model.network(split.question_words(rows), features=features[split.image_index[rows]]))
+            logits.append(model.network(words, features=features[split.image_index[rows]]).cpu())
     return torch.cat(logits)
 
 
@@ -94,14 +98,15 @@ def uncertainty_rows(split: VqaSplit, count: int, seed: int) -> torch.Tensor:
 def posterior_probs(model: VqaModel, split: VqaSplit, features: torch.Tensor, mode: str, rows: torch.Tensor,
                     settings) -> torch.Tensor:
     """Answer probabilities ``[samples, len(rows), answers]`` of ``settings.samples`` posterior
-    draws in ``mode`` of the questions ``rows``, seeded by the run's seed."""
+    draws in ``mode`` of the questions ``rows``, seeded by the run's seed; on the CPU."""
     pyro.set_rng_seed(settings.seed)
+    device = model_device(model)
     probs = []
     with torch.no_grad():
         for part in rows.split(settings.eval_batch):
-            inputs = (split.question_words(part), None, features[split.image_index[part]])
+            inputs = (split.question_words(part).to(device), None, features[split.image_index[part]])
             draws = predictive_draws(model, inputs, settings.samples, dropout=mode == "full", chunk_size=settings.chunk)
-            probs.append(draws.probs)
+            probs.append(draws.probs.cpu())
     probs = torch.cat(probs, dim=1).double()
     return probs / probs.sum(-1, keepdim=True)
 
@@ -195,8 +200,10 @@ def attention_report(model: VqaModel, data: EasyVqa, settings, folder: Path) -> 
     split = data.test
     rows = diagnosed_questions(split, settings.diag_questions)
     model.eval()
+    device = model_device(model)
     with torch.no_grad():
-        inputs = (split.question_words(rows), None, model.network.image_features(split.question_images(rows)))
+        inputs = (split.question_words(rows).to(device), None,
+                  model.network.image_features(split.question_images(rows).to(device)))
     posterior, prior = guided_attention_chains(model, inputs, settings)
     write_diagnostics(posterior, prior, rows, [split.questions[r] for r in rows.tolist()], folder / "diagnostics")
     draw_questions(model, data, rows, inputs, posterior, prior, settings, folder / "figures" / "attention.png")
@@ -237,7 +244,7 @@ def draw_questions(model: VqaModel, data: EasyVqa, rows: torch.Tensor, inputs: t
     prior_weights = np.concatenate([chain[last] for chain in prior]).mean((0, 1))  # [Q, L]
     seed_everything(settings.seed)
     with torch.no_grad():
-        answers = predictive_draws(model, inputs, settings.diag_draws, dropout=True, chunk_size=settings.chunk).probs.double()
+        answers = predictive_draws(model, inputs, settings.diag_draws, dropout=True, chunk_size=settings.chunk).probs.double().cpu()
         model.eval()
         image_weights = model.network.outputs(*inputs).image_weights.reshape(len(rows), settings.grid, settings.grid)
     answers = answers / answers.sum(-1, keepdim=True)

@@ -74,6 +74,9 @@ def test_sweep_records_tables_skips_and_refuses_by_name(tmp_path, capsys):
     assert table.loc[("a", "wc"), "score - soft (paired)"] == "+1.20 ± 0.00, 95% CI [+1.20, +1.20]"  # preset k=3
     record = json.loads((tmp_path / "toy" / "runs" / "b-wc-seed1" / "record.json").read_text())
     assert record["settings"]["k"] == 3.0 and record["metrics"]["score"] == pytest.approx(2.51)
+    assert record["environment"] == {"accelerator": "cpu", "devices": ["cpu"], "processes": 1, "num_nodes": 1,
+                                     "strategy": "single process", "precision": "32-true",
+                                     "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}
     assert len(pd.read_csv(tmp_path / "toy" / "results.csv")) == 8
     assert {"table.md", "table-results.csv", "paired.png"} <= {p.name for p in (tmp_path / "toy").iterdir()}
     capsys.readouterr()
@@ -154,6 +157,15 @@ def test_user_errors_end_with_one_line_and_status_2(tmp_path, capsys):
             gat.main([*args, "--data-root", str(tmp_path), "--out", str(tmp_path / "g")])
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.skipif(torch.backends.mps.is_available(), reason="needs a machine without the accelerator asked for")
+def test_an_accelerator_this_machine_lacks_ends_with_one_line_and_status_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(TOY, ["--accelerator", "mps", "--out", str(tmp_path / "toy")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "MPSAccelerator` can not run on your system" in err, err
+    assert not (tmp_path / "toy" / "runs").exists()
 
 
 def test_paired_difference_pairs_runs_by_seed():

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
-from typing import Optional
+import threading
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 import torch
 from torch import Tensor
@@ -18,11 +20,37 @@ from ..host_reads import values_at_hand
 SHARED_SHIFT_RANGE = 80.0
 
 
+class _CountedRows(threading.local):
+    """The number of seed nodes of a sampled subgraph whose rows alone enter the KL (see
+    :func:`counted_rows`), per thread; a ``threading.local``, as the contexts of
+    :mod:`bam_pyro.sites`, because ``torch.compile`` traces it without a graph break (it stops at
+    ``ContextVar.get``)."""
+
+    num_seeds: Optional[int] = None
+
+
+_COUNTED_ROWS = _CountedRows()
+
+
+@contextmanager
+def counted_rows(num_seeds: int) -> Iterator[None]:
+    """Within this context, the KL of edge attention counts only the rows (incoming edges) of the
+    targets ``0 .. num_seeds - 1``, the seed nodes of a neighbour-sampled subgraph; the other rows
+    are computed, and weight the messages, but are masked out of the sites (see
+    :mod:`bam_pyro.pyg.minibatch`). Per thread: a forward pass in another thread is not affected."""
+    outer, _COUNTED_ROWS.num_seeds = _COUNTED_ROWS.num_seeds, num_seeds
+    try:
+        yield
+    finally:
+        _COUNTED_ROWS.num_seeds = outer
+
+
 class EdgeKeys:
     """Keys are the sources of each target's incoming edges in a PyG ``edge_index``.
 
     ``num_nodes`` is the number of targets (queries); the sources may be other nodes (a bipartite
-    graph), per-key values then have one row per source. A graph without edges is allowed."""
+    graph), per-key values then have one row per source. A graph without edges is allowed. Inside
+    :func:`counted_rows` the ``mask`` leaves the rows of non-seed targets out of the KL."""
 
     event_dim = 2
     mask = None
@@ -33,6 +61,9 @@ class EdgeKeys:
             raise ValueError(f"edge_index must have shape [2, num_edges], got {tuple(edge_index.shape)}")
         self.source, self.target = edge_index[0], edge_index[1]
         self.num_nodes = num_nodes
+        num_seeds = _COUNTED_ROWS.num_seeds
+        if num_seeds is not None:  # [E, 1]: the rows of the seed nodes, every head
+            self.mask = (self.target < num_seeds).unsqueeze(-1)
 
     def softmax(self, values: Tensor) -> Tensor:
         # Any shift by a constant per target gives the same softmax; the usual one, each target's

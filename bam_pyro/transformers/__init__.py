@@ -1,7 +1,8 @@
 """Bayesian attention inside Hugging Face transformers models, through transformers' own
 ``AttentionInterface`` (no forked model code): :func:`to_bam` converts a model in place,
 :func:`from_pretrained` loads a saved one, gradient checkpointing replays the attention draws, and
-:func:`build_sequence_model` makes a Pyro model of a sequence classifier or regressor. Needs
+:func:`build_sequence_model` makes a Pyro model of a sequence classifier or regressor, and
+:class:`BamTrainer` finetunes it with transformers' ``Trainer``. Needs
 ``transformers`` (``pip install 'bam-pyro[transformers]'``)."""
 
 from ..optional import require
@@ -19,10 +20,13 @@ from .sequence import (  # noqa: E402
     count_attention_calls,
     resolve_pretrained,
 )
+from .trainer import AnnealingCallback, BamTrainer  # noqa: E402
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
+    "AnnealingCallback",
     "BAM_ATTRIBUTE",
+    "BamTrainer",
     "DEFAULT_MODEL",
     "SequenceClassifier",
     "SequenceKeys",

@@ -21,7 +21,9 @@ import argparse
 import json
 from typing import Any, Callable, Optional
 
-from experiments.benchmarks.process import RETURN_FREED_BLOCKS, in_fresh_process, interleaved_step_ms, two_step_peak_mb
+from experiments.benchmarks.process import (
+    RETURN_FREED_BLOCKS, add_device_option, in_fresh_process, interleaved_step_ms, synchronized, to_device, two_step_peak_mb,
+)
 from experiments.runner import whole_number
 
 #: JSON name -> task variant; ``soft`` is the baseline and ``bam`` the one the ratios compare; the
@@ -29,7 +31,7 @@ from experiments.runner import whole_number
 BENCH_MODELS = {"soft": "soft", "bam": "wc", **{v: v for v in ("exact", "hard", "hard-enum", "va-enum", "va-sample", "va-relaxed")}}
 
 
-def _training_step(variant: str, preset: str, batch: int, length: int, vocab: int) -> Callable[[], float]:
+def _training_step(variant: str, preset: str, batch: int, length: int, vocab: int, device: str = "cpu") -> Callable[[], float]:
     """One SVI step of ``variant`` on a fixed random batch (seeded: the same batch for every variant)."""
     import torch
 
@@ -44,32 +46,33 @@ def _training_step(variant: str, preset: str, batch: int, length: int, vocab: in
         size = int(torch.randint(max(1, 3 * length // 4), length + 1, (), generator=generator))
         return torch.randint(4, vocab, (size,), generator=generator).numpy()
 
-    args, kwargs = make_batch([sentence() for _ in range(batch)], [sentence() for _ in range(batch)]).model_args
+    args, kwargs = to_device(make_batch([sentence() for _ in range(batch)], [sentence() for _ in range(batch)]).model_args, device)
     seed_everything(0)
     trainable = build_trainable(settings, vocab)
+    trainable.model.to(device)
     optimizer = make_optimizer(settings, trainable.model)
     trainer = SVITrainer(trainable.model, trainable.guide, optimizer, elbo=trainable.elbo, grad_clip=settings.grad_clip)
-    return lambda: trainer.step(*args, **kwargs)
+    return synchronized(device, lambda: trainer.step(*args, **kwargs))
 
 
 def measure_time(variants: list[str], preset: str, batch: int, length: int, vocab: int, steps: int, warmup: int,
-                 threads: int) -> dict[str, float]:
+                 threads: int, device: str = "cpu") -> dict[str, float]:
     """Median step time (ms) of each variant, the variants taking their steps in turn."""
     import torch
 
     torch.set_num_threads(threads)
-    step_of = {variant: _training_step(variant, preset, batch, length, vocab) for variant in variants}
+    step_of = {variant: _training_step(variant, preset, batch, length, vocab, device) for variant in variants}
     return interleaved_step_ms(step_of, steps, warmup)
 
 
-def measure_memory(variant: str, preset: str, batch: int, length: int, vocab: int, threads: int) -> float:
+def measure_memory(variant: str, preset: str, batch: int, length: int, vocab: int, threads: int, device: str = "cpu") -> float:
     """Peak memory (MB) of setting up ``variant`` and taking two steps, above the imports."""
     import torch
 
     import experiments.nmt  # noqa: F401  (imports are not the step's memory)
 
     torch.set_num_threads(threads)
-    return two_step_peak_mb(lambda: _training_step(variant, preset, batch, length, vocab))["peak_mb"]
+    return two_step_peak_mb(lambda: _training_step(variant, preset, batch, length, vocab, device), device)["peak_mb"]
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
@@ -83,14 +86,15 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     p.add_argument("--threads", type=whole_number(1), default=1, help="torch threads per process")
     p.add_argument("--models", nargs="+", choices=list(BENCH_MODELS), default=list(BENCH_MODELS),
                    help="what to time beside soft and bam (always measured, with their memory)")
+    add_device_option(p)
     args = p.parse_args(argv)
     timed = {name: BENCH_MODELS[name] for name in dict.fromkeys(["soft", "bam", *args.models])}
     shape = (args.preset, args.batch, args.length, args.vocab)
-    ms = in_fresh_process(measure_time, ([*timed.values()], *shape, args.steps, args.warmup, args.threads))
-    peak = {name: in_fresh_process(measure_memory, (BENCH_MODELS[name], *shape, args.threads), RETURN_FREED_BLOCKS)
+    ms = in_fresh_process(measure_time, ([*timed.values()], *shape, args.steps, args.warmup, args.threads, args.device))
+    peak = {name: in_fresh_process(measure_memory, (BENCH_MODELS[name], *shape, args.threads, args.device), RETURN_FREED_BLOCKS)
             for name in ("soft", "bam")}
     result: dict[str, Any] = {"preset": args.preset, "batch": args.batch, "length": args.length, "vocab": args.vocab,
-                              "threads": args.threads}
+                              "threads": args.threads, "device": args.device}
     result.update({f"{name}_ms": round(ms[variant], 1) for name, variant in timed.items()})
     result.update({f"{name}_peak_mb": round(peak[name], 1) for name in peak})
     result["time_ratio"] = round(ms[BENCH_MODELS["bam"]] / ms[BENCH_MODELS["soft"]], 3)

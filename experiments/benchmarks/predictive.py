@@ -6,7 +6,8 @@ Trains the model with the paper's preset (or loads ``--checkpoint``, written on 
 in a fresh process that loads the checkpoint, times ``predictive_draws`` for all nodes and both
 attention layers (wall time, and the process's CPU time, which other jobs on a shared machine
 disturb less). ``peak_mb``: the rise of that process's peak resident memory during sampling (Linux:
-the peak is reset just before); a fresh process, so that memory cached by training does not hide it.
+the peak is reset just before; on a GPU the allocator's peak); a fresh process, so that memory cached
+by training does not hide it. ``--device`` moves the sampling; the training runs on the CPU.
 """
 
 from __future__ import annotations
@@ -21,31 +22,38 @@ from typing import Optional
 import torch
 
 from bam_pyro.predictive import attention_site_names, predictive_draws
-from experiments.benchmarks.process import in_fresh_process, reset_peak, resident_mb
+from experiments.benchmarks.process import add_device_option, in_fresh_process, step_peak_mb
 from experiments.gat import TASK, build_model, train_classifier
 from experiments.planetoid import load_planetoid
 from experiments.runner import RunContext, whole_number
 
 
-def measure_sampling(checkpoint: Path, data_root: Optional[str], samples: int, chunk: int, repeats: int, threads: int) -> dict:
-    """Wall and CPU seconds of each repeat of sampling, and the rise of the peak resident memory."""
+def measure_sampling(checkpoint: Path, data_root: Optional[str], samples: int, chunk: int, repeats: int, threads: int,
+                     device: str = "cpu") -> dict:
+    """Wall and CPU seconds of each repeat of sampling, and the rise of the peak memory (resident on
+    the CPU, allocated on a GPU)."""
     torch.set_num_threads(threads)
     data, num_features, num_classes = load_planetoid("cora", data_root)
     model = build_model(TASK.settings_for("cora", "wc", 0, {}), num_features, num_classes)
     model.load_state_dict(torch.load(checkpoint, weights_only=True))
+    model.to(device)
+    inputs = (data.x.to(device), data.edge_index.to(device))
     layers = attention_site_names(model)
     times, cpu = [], []
-    base = resident_mb()
-    reset_peak()
-    for _ in range(repeats):
-        start, cpu_start = time.perf_counter(), time.process_time()
-        with torch.no_grad():
-            draws = predictive_draws(model, (data.x, data.edge_index), samples, layers=layers, chunk_size=chunk)
-        times.append(time.perf_counter() - start)
-        cpu.append(time.process_time() - cpu_start)
-        del draws
-    return {"nodes": int(data.num_nodes), "layers": layers, "times": times, "cpu": cpu,
-            "peak_mb": resident_mb("VmHWM") - base}
+
+    def sample() -> None:
+        for _ in range(repeats):
+            start, cpu_start = time.perf_counter(), time.process_time()
+            with torch.no_grad():
+                draws = predictive_draws(model, inputs, samples, layers=layers, chunk_size=chunk)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - cpu_start)
+            del draws
+
+    peak = step_peak_mb(sample, device)
+    return {"nodes": int(data.num_nodes), "layers": layers, "times": times, "cpu": cpu, "peak_mb": peak}
 
 
 def main(argv: Optional[list[str]] = None) -> dict:
@@ -56,6 +64,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     p.add_argument("--threads", type=whole_number(1), default=1)
     p.add_argument("--data-root", default=None)
     p.add_argument("--checkpoint", type=Path, default=Path("runs/bench/cora-wc-0.pt"))
+    add_device_option(p)
     args = p.parse_args(argv)
     if not args.checkpoint.exists():
         torch.set_num_threads(args.threads)
@@ -65,12 +74,12 @@ def main(argv: Optional[list[str]] = None) -> dict:
         args.checkpoint.parent.mkdir(parents=True, exist_ok=True)
         torch.save(model.state_dict(), args.checkpoint)
     measured = in_fresh_process(
-        measure_sampling, (args.checkpoint, args.data_root, args.samples, args.chunk, args.repeats, args.threads)
+        measure_sampling, (args.checkpoint, args.data_root, args.samples, args.chunk, args.repeats, args.threads, args.device)
     )
     times, cpu = measured["times"], measured["cpu"]
     result = dict(
         benchmark="predictive", model="BAM-WC GAT", dataset="cora", nodes=measured["nodes"],
-        samples=args.samples, chunk=args.chunk, layers=measured["layers"], threads=args.threads,
+        samples=args.samples, chunk=args.chunk, layers=measured["layers"], threads=args.threads, device=args.device,
         seconds=round(min(times), 3), seconds_all=[round(t, 3) for t in times],
         cpu_seconds=round(min(cpu), 3), peak_mb=round(measured["peak_mb"], 1), load_avg_1min=os.getloadavg()[0],
     )

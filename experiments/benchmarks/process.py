@@ -9,6 +9,8 @@ tensors rather than the allocator's cache (it slows allocation, so times are tak
 
 from __future__ import annotations
 
+import argparse
+import gc
 import multiprocessing
 import os
 import statistics
@@ -59,9 +61,21 @@ def interleaved_step_ms(step_of: dict[str, Callable[[], Any]], steps: int, warmu
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def two_step_peak_mb(build_step: Callable[[], Callable[[], Any]]) -> dict[str, float]:
-    """Peak resident memory (MB) of building a training step and taking it twice, above the memory
-    before (``peak_mb``), and the peak itself (``rss_mb``)."""
+def two_step_peak_mb(build_step: Callable[[], Callable[[], Any]], device: str = "cpu") -> dict[str, float]:
+    """Peak memory (MB) of building a training step and taking it twice, above the memory before
+    (``peak_mb``), and the peak itself (``rss_mb``): resident memory on the CPU, the caching
+    allocator's allocated memory on a GPU."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        training_step = build_step()
+        for _ in range(2):
+            training_step()
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) / 2**20
+        return {"peak_mb": peak - base / 2**20, "rss_mb": peak}
     base = resident_mb()
     reset_peak()
     training_step = build_step()
@@ -81,3 +95,55 @@ def soft_and_bam_figures(soft: dict[str, float], bam: dict[str, float]) -> dict[
         "mem_ratio": round(bam["peak_mb"] / soft["peak_mb"], 3),
         "soft_rss_mb": round(soft["rss_mb"], 1), "bam_rss_mb": round(bam["rss_mb"], 1),
     }
+
+
+def add_device_option(parser: argparse.ArgumentParser) -> None:
+    """``--device`` (cpu, cuda, cuda:N): where a benchmark builds its models and data."""
+    parser.add_argument("--device", default="cpu", help="torch device of the models and data (cpu, cuda, cuda:1, ...)")
+
+
+def to_device(value: Any, device: str) -> Any:
+    """``value`` with every tensor in it (through tuples, lists and dicts) moved to ``device``."""
+    if hasattr(value, "to") and hasattr(value, "device"):
+        return value.to(device)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple
+        return type(value)(*(to_device(v, device) for v in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(to_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: to_device(v, device) for k, v in value.items()}
+    return value
+
+
+def synchronized(device: str, function: Callable[[], Any]) -> Callable[[], Any]:
+    """``function``, waiting for the device's queued kernels before it returns (a CUDA step's time
+    is otherwise only its launch)."""
+    if not device.startswith("cuda"):
+        return function
+    import torch
+
+    def call() -> Any:
+        result = function()
+        torch.cuda.synchronize(device)
+        return result
+
+    return call
+
+
+def step_peak_mb(step: Callable[[], Any], device: str) -> float:
+    """Peak memory (MB) of one call of ``step`` above the memory before it: the kernel's resident
+    high-water mark on the CPU, the caching allocator's peak of allocated memory on a GPU."""
+    gc.collect()
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        torch.cuda.synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+    before = resident_mb()
+    reset_peak()
+    step()
+    return max(resident_mb("VmHWM") - before, 0.0)

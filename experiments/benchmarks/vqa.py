@@ -22,12 +22,13 @@ import math
 from typing import Any, Callable, Optional
 
 from experiments.benchmarks.process import (
-    RETURN_FREED_BLOCKS, in_fresh_process, interleaved_step_ms, soft_and_bam_figures, two_step_peak_mb,
+    RETURN_FREED_BLOCKS, add_device_option, in_fresh_process, interleaved_step_ms, soft_and_bam_figures, synchronized,
+    to_device, two_step_peak_mb,
 )
 from experiments.runner import whole_number
 
 
-def _training_step(variant: str, data, batch: int) -> Callable[[], float]:
+def _training_step(variant: str, data, batch: int, device: str = "cpu") -> Callable[[], float]:
     """One SVI step of ``variant`` on the first ``batch`` training questions."""
     import torch
 
@@ -37,16 +38,17 @@ def _training_step(variant: str, data, batch: int) -> Callable[[], float]:
 
     settings = TASK.settings_for("easy-vqa", variant, 0, {"batch_size": batch})
     seed_everything(0)
-    model = build_model(settings, data)
+    model = build_model(settings, data).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr, betas=(0.9, 0.98))
     trainer = SVITrainer(model, AttentionGuide(model.model), optimizer)
     rows = torch.arange(batch)
-    args = (data.train.question_words(rows), data.train.question_images(rows))
-    answers = data.train.answers[rows]
-    return lambda: trainer.step(*args, answers=answers)
+    args = to_device((data.train.question_words(rows), data.train.question_images(rows)), device)
+    answers = data.train.answers[rows].to(device)
+    return synchronized(device, lambda: trainer.step(*args, answers=answers))
 
 
-def measure_time(variants: list[str], batch: int, steps: int, warmup: int, threads: int, images: Optional[int]) -> dict[str, Any]:
+def measure_time(variants: list[str], batch: int, steps: int, warmup: int, threads: int, images: Optional[int],
+                 device: str = "cpu") -> dict[str, Any]:
     """Median step time (ms) of each variant, the variants taking their steps in turn; and the
     training split's size."""
     import torch
@@ -55,11 +57,11 @@ def measure_time(variants: list[str], batch: int, steps: int, warmup: int, threa
 
     torch.set_num_threads(threads)
     data = load_easy_vqa(train_images=images)
-    step_of = {variant: _training_step(variant, data, batch) for variant in variants}
+    step_of = {variant: _training_step(variant, data, batch, device) for variant in variants}
     return {"train_questions": len(data.train), **interleaved_step_ms(step_of, steps, warmup)}
 
 
-def measure_memory(variant: str, batch: int, threads: int, images: Optional[int]) -> dict[str, float]:
+def measure_memory(variant: str, batch: int, threads: int, images: Optional[int], device: str = "cpu") -> dict[str, float]:
     """Peak memory (MB) of building ``variant`` and taking two steps, above the loaded data."""
     import torch
 
@@ -67,7 +69,7 @@ def measure_memory(variant: str, batch: int, threads: int, images: Optional[int]
 
     torch.set_num_threads(threads)
     data = load_easy_vqa(train_images=images)
-    return two_step_peak_mb(lambda: _training_step(variant, data, batch))
+    return two_step_peak_mb(lambda: _training_step(variant, data, batch, device), device)
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
@@ -78,15 +80,18 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     p.add_argument("--threads", type=whole_number(1), default=1, help="torch threads per process")
     p.add_argument("--train-images", type=whole_number(2), default=None,
                    help="load only N training images (a quick check; the epoch minutes are then those of the subset)")
+    add_device_option(p)
     args = p.parse_args(argv)
-    timing = in_fresh_process(measure_time, (["soft", "wc"], args.batch, args.steps, args.warmup, args.threads, args.train_images))
+    timing = in_fresh_process(measure_time, (["soft", "wc"], args.batch, args.steps, args.warmup, args.threads, args.train_images,
+                                             args.device))
     soft, bam = (
-        {"ms": timing[variant], **in_fresh_process(measure_memory, (variant, args.batch, args.threads, args.train_images), RETURN_FREED_BLOCKS)}
+        {"ms": timing[variant], **in_fresh_process(measure_memory, (variant, args.batch, args.threads, args.train_images, args.device),
+                                                   RETURN_FREED_BLOCKS)}
         for variant in ("soft", "wc")
     )
     steps_per_epoch = math.ceil(timing["train_questions"] / args.batch)
     result = {
-        "batch": args.batch, "threads": args.threads, "train_questions": timing["train_questions"],
+        "batch": args.batch, "threads": args.threads, "device": args.device, "train_questions": timing["train_questions"],
         "steps_per_epoch": steps_per_epoch,
         **soft_and_bam_figures(soft, bam),
         "soft_epoch_minutes": round(steps_per_epoch * soft["ms"] / 60_000, 2),
