@@ -24,31 +24,48 @@ from pycocoevalcap.rouge.rouge import Rouge
 PUNCTUATIONS = frozenset(["''", "'", "``", "`", "-LRB-", "-RRB-", "-LCB-", "-RCB-",
                           ".", "?", "!", ",", ":", "-", "--", "...", ";"])
 
-#: characters the Java lexer rewrites before tokenizing (its Unicode quote, dash and ellipsis forms)
-_NORMALIZED = str.maketrans({"\u201c": " `` ", "\u201d": " '' ", "\u2018": " ` ", "\u2019": "'",
-                             "\u2013": " -- ", "\u2014": " -- ", "\u2026": " ... ", "\u00a0": " ",
-                             "\u00bd": "1/2", "\u00bc": "1/4", "\u00be": "3/4"})
+#: what the Java lexer reads as another form: Unicode quotes, dashes, ellipsis and fractions, and
+#: the HTML ampersand
+_NORMALIZED = {"\u2018\u2018": " `` ", "\u2019\u2019": " '' ", "\u201c": " `` ", "\u201d": " '' ",
+               "\u2018": " ` ", "\u2019": "'", "\u2013": " -- ", "\u2014": " -- ", "\u2026": " ... ",
+               "\u00a0": " ", "\u00bd": "1/2", "\u00bc": "1/4", "\u00be": "3/4", "&amp;": "&"}
+_NORMALIZE = re.compile("|".join(sorted(_NORMALIZED, key=len, reverse=True)))
 
-#: abbreviations that keep their final period (a subset of the Java lexer's list)
-_ABBREVIATIONS = ("mr", "mrs", "ms", "dr", "st", "jr", "sr", "inc", "ltd", "co", "corp", "mt", "vs",
-                  "etc", "dept", "univ", "bros", "prof", "gen", "sgt", "capt", "col", "lt", "rev", "ave", "no", "jan", "feb")
+#: words that keep their final period, in any case, as in the Java lexer (checked against it one by
+#: one): titles, then months, days, states and company words; before a capitalized word, the lexer
+#: takes the latter to end a sentence too and adds a period
+_TITLES = ("mrs? ms drs? profs? sens? reps? attys? lt col gen messrs govs? adm rev maj sgt cpl pvt mt capt "
+           "ste? ave pres lieut hon brig c?o?mdr pfc spc supts? det mme mlle dept ph ft vs").split()
+_ABBREVIATIONS = (
+    "jan feb mar apr jun jul aug sep sept oct nov dec mon tue tues wed thu thurs fri "
+    "ala ariz calif colo conn ct dak fla ga ind kans? ky md mich minn mo mont neb nev okla penn tenn va vt "
+    "wisc? wyo jr sr bros blvd rd esq inc cos? corp pty ltd plc bancorp bhd assn univ intl sys "
+    "tel est ext sq etc al bldg alta sask ont"
+).split()
+#: the same, only capitalized or in capitals (lowercase, they are words: ``ill.``, ``wash.``)
+_CAPITALIZED_ABBREVIATIONS = "Az Ark Del Ill La Mass Miss Ore Pa Tex Wash".split()
+#: titles only before a number (``No. 5``, ``fig. 2``)
+_NUMBER_TITLES = "nos? prop figs? pp".split()
 
 _BRACKETS = {"(": "-lrb-", ")": "-rrb-", "[": "-lsb-", "]": "-rsb-", "{": "-lcb-", "}": "-rcb-"}
 
 _TOKEN = re.compile(
     r"""
-      (?P<url>https?://\S+|www\.\S+)
-    | (?P<acronym>(?:[a-z]\.){2,})
-    | (?P<abbreviation>(?:ABBREVIATIONS|[a-z])\.)(?=\s|$)
-    | (?P<number>\d+(?:[.,:/]\d+)*(?![\w-]))
+      (?P<url>(?:https?://|www\.)\S*[^\s.,;:!?'")\]])
+    | (?P<acronym>(?:[a-z]\.){2,}(?:-\w+)*)
+    | (?P<title>(?:TITLES|[a-z])\.(?![\w.])|(?:NUMBERS)\.(?=\s+\d))
+    | (?P<abbreviation>(?:ABBREVIATIONS|(?-i:CAPITALIZED))\.(?![\w.]))
+    | (?P<number>(?:\d+|(?<!\w)\.\d+)(?:[.,:/]\d+)*(?![\w-]|[.,:/]\d))
     | (?P<clitic>n't|'(?:s|m|d|re|ve|ll|em)\b|'n'|'t(?=is\b))
     | (?P<word>(?-i:[A-Z]+&[A-Z]+)|(?:\#(?=[a-z]))?[\w@]+(?:[-'/.@][\w]+)*)
-    | (?P<ellipsis>\.{3,})
+    | (?P<ellipsis>\.{3,}|\.(?:\ \.){2,})
     | (?P<dashes>-{2,})
     | (?P<quote>``|''|"|`|')
     | (?P<stops>[?!]+)
     | (?P<other>\S)
-    """.replace("ABBREVIATIONS", "|".join(_ABBREVIATIONS)),
+    """.replace("TITLES", "|".join(_TITLES)).replace("ABBREVIATIONS", "|".join(_ABBREVIATIONS))
+       .replace("CAPITALIZED", "|".join(_CAPITALIZED_ABBREVIATIONS + [w.upper() for w in _CAPITALIZED_ABBREVIATIONS]))
+       .replace("NUMBERS", "|".join(_NUMBER_TITLES)),
     re.VERBOSE | re.IGNORECASE,
 )
 
@@ -89,7 +106,7 @@ def _quote(text: str, match: re.Match) -> str:
 def ptb_tokens(text: str) -> list[str]:
     """The lowercased tokens of Stanford's PTBTokenizer (as coco-caption runs it), punctuation
     included: ``(`` is ``-lrb-``, straight quotes become ````` or ``''``, ``....`` is ``...``."""
-    text = unicodedata.normalize("NFC", text).translate(_NORMALIZED).replace("&amp;", "&")
+    text = _NORMALIZE.sub(lambda m: _NORMALIZED[m.group()], unicodedata.normalize("NFC", text))
     tokens: list[str] = []
     kind = None
     for match in _TOKEN.finditer(text):
@@ -98,14 +115,16 @@ def ptb_tokens(text: str) -> list[str]:
             tokens += _split_word(token)
         elif kind == "quote":
             tokens.append(_quote(text, match))
+        elif kind == "abbreviation" and re.match(r"\s+[A-Z]", text[match.end():]):
+            tokens += [token, "."]
         elif kind == "ellipsis":
             tokens.append("...")
         elif kind == "other":
             tokens.append(_BRACKETS.get(token, token))
         else:
             tokens.append(token)
-    if kind == "acronym":
-        tokens.append(".")  # the lexer ends a text that ends in an acronym with a sentence period
+    if kind == "acronym" and len(tokens[-1]) > 4:
+        tokens.append(".")  # the lexer ends a text that ends in a long acronym (u.s.a.) with a period
     return tokens
 
 
