@@ -47,6 +47,12 @@ _CAPITALIZED_ABBREVIATIONS = "Az Ark Del Ill La Mass Miss Ore Pa Tex Wash".split
 #: titles only before a number (``No. 5``, ``fig. 2``)
 _NUMBER_TITLES = "nos? prop figs? pp".split()
 
+#: capitalized words after which the Java lexer takes an acronym (``U.S.``) to end a sentence and adds
+#: a period (found by trying words one by one; the lexer's own list may hold more)
+_SENTENCE_STARTS = re.compile(r"\s+(?:The|A|An|He|She|It|They|We|This|That|These|There|Here|In|At|But|So|If|When|"
+                              r"While|As|What|Her|Their|Our|You|Some|Many|Mr\.|Ms\.|After|Then|Yet|One|Since|"
+                              r"However|Other|Such|Once|Now|Last)(?=\s|$)")
+
 _BRACKETS = {"(": "-lrb-", ")": "-rrb-", "[": "-lsb-", "]": "-rsb-", "{": "-lcb-", "}": "-rcb-"}
 
 _TOKEN = re.compile(
@@ -108,23 +114,21 @@ def ptb_tokens(text: str) -> list[str]:
     included: ``(`` is ``-lrb-``, straight quotes become ````` or ``''``, ``....`` is ``...``."""
     text = _NORMALIZE.sub(lambda m: _NORMALIZED[m.group()], unicodedata.normalize("NFC", text))
     tokens: list[str] = []
-    kind = None
     for match in _TOKEN.finditer(text):
         kind, token = match.lastgroup, match.group().lower()
         if kind == "word":
             tokens += _split_word(token)
         elif kind == "quote":
             tokens.append(_quote(text, match))
-        elif kind == "abbreviation" and re.match(r"\s+[A-Z]", text[match.end():]):
-            tokens += [token, "."]
+        elif (kind == "abbreviation" and re.match(r"\s+[A-Z]", text[match.end():])
+              or kind == "acronym" and _SENTENCE_STARTS.match(text, match.end())):
+            tokens += [token, "."]  # the lexer's guess that a sentence ends there
         elif kind == "ellipsis":
             tokens.append("...")
         elif kind == "other":
             tokens.append(_BRACKETS.get(token, token))
         else:
             tokens.append(token)
-    if kind == "acronym" and len(tokens[-1]) > 4:
-        tokens.append(".")  # the lexer ends a text that ends in a long acronym (u.s.a.) with a period
     return tokens
 
 
