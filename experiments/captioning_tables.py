@@ -19,13 +19,13 @@ import pandas as pd
 from analysis.tables import mean_std, paired_difference
 
 #: heading -> the results column of that test score, in the paper's Table 3 order
-SCORES = {"BLEU-4": "test_bleu4", "BLEU-3": "test_bleu3", "BLEU-2": "test_bleu2", "BLEU-1": "test_bleu1",
-          "CIDEr": "test_cider", "ROUGE-L": "test_rouge_l", "METEOR": "test_meteor"}
+COLUMNS = {"BLEU-4": "test_bleu4", "BLEU-3": "test_bleu3", "BLEU-2": "test_bleu2", "BLEU-1": "test_bleu1",
+           "CIDEr": "test_cider", "ROUGE-L": "test_rouge_l", "METEOR": "test_meteor"}
 #: the cell of a score no run of a group has
 NOT_SCORED = {"test_meteor": "not scored (no java)"}
 #: the data-set label of the paper's rows
 PAPER_DATA = "MS-COCO, paper's Table 3"
-#: the paper's Table 3 as printed, in :data:`SCORES` order ("" where it gives none): its Att2in
+#: the paper's Table 3 as printed, in :data:`COLUMNS` order ("" where it gives none): its Att2in
 #: rows under our variant names, then Xu et al.'s (Show, Attend and Tell) as it quotes them
 PAPER_TABLE3 = {
     "soft": ("32.2", "43.6", "58.3", "74.9", "104.0", "54.7", "26.1"),
@@ -61,28 +61,28 @@ def table3(results: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (dataset, variant), runs in results.groupby(["dataset", "variant"], sort=False):
         rows.append({"dataset": dataset, "variant": variant, "seeds": str(len(runs)),
-                     **{heading: _score_cell(runs, column) for heading, column in SCORES.items()}})
+                     **{heading: _score_cell(runs, column) for heading, column in COLUMNS.items()}})
     for variant, figures in PAPER_TABLE3.items():
-        rows.append({"dataset": PAPER_DATA, "variant": variant, "seeds": "", **dict(zip(SCORES, figures))})
-    return pd.DataFrame(rows, columns=["dataset", "variant", "seeds", *SCORES])
+        rows.append({"dataset": PAPER_DATA, "variant": variant, "seeds": "", **dict(zip(COLUMNS, figures))})
+    return pd.DataFrame(rows, columns=["dataset", "variant", "seeds", *COLUMNS])
 
 
 def table3_paired(results: pd.DataFrame) -> pd.DataFrame:
     """Per data set and variant but soft: the pairs (seeds both ran), each score's paired
     difference to soft with its 95% interval, and the paper's BLEU-4 and CIDEr differences."""
-    columns = ["dataset", "variant", "pairs", *(f"{h} - soft" for h in SCORES), *(f"{PAPER_DIFFERENCE} {h} - soft" for h in CLAIM)]
-    first = paired_difference(results, ["dataset"], SCORES["BLEU-4"])
+    columns = ["dataset", "variant", "pairs", *(f"{h} - soft" for h in COLUMNS), *(f"{PAPER_DIFFERENCE} {h} - soft" for h in CLAIM)]
+    first = paired_difference(results, ["dataset"], COLUMNS["BLEU-4"])
     if first.empty:  # no soft runs, or no other variant
         return pd.DataFrame(columns=columns)
     table = pd.DataFrame({"pairs": first["n"].astype(str)}, index=first.index)
-    for heading, column in SCORES.items():
+    for heading, column in COLUMNS.items():
         paired = paired_difference(results, ["dataset"], column) if column in results else pd.DataFrame(columns=["n", column])
         cells, pairs = paired[column].reindex(table.index), paired["n"].reindex(table.index)
         table[f"{heading} - soft"] = [NOT_SCORED.get(column, "") if pd.isna(cell) else cell if n == all_pairs else f"{cell} ({n:.0f} of {all_pairs} pairs)"
                           for cell, n, all_pairs in zip(cells, pairs, first["n"])]
     variants = table.index.get_level_values("variant")
     for heading in CLAIM:
-        index = list(SCORES).index(heading)
+        index = list(COLUMNS).index(heading)
         soft = _paper_figure(PAPER_TABLE3["soft"][index])
         table[f"{PAPER_DIFFERENCE} {heading} - soft"] = [f"{_paper_figure(PAPER_TABLE3[v][index]) - soft:+.1f}" if v in PAPER_TABLE3 else ""
                                             for v in variants]

@@ -12,14 +12,14 @@ import pytest
 from scipy import stats
 
 from experiments import results as published
-from experiments.captioning_tables import NOT_SCORED, PAPER_DATA, SCORES, tables
+from experiments.captioning_tables import NOT_SCORED, PAPER_DATA, COLUMNS, tables
 from experiments.records import RunFolder, new_record
 from experiments.runner import RunSettings, Task
 
 VARIANTS = ("soft", "lc", "wc", "lf", "wf", "hard")
 TASK = Task(name="captioning", settings=RunSettings, panel="dataset", panels=("flickr8k", "karpathy"),
             load=lambda settings, data_root: None, train=lambda settings, data, run: {},
-            metrics=tuple(SCORES.values()), variants=VARIANTS, tables=tables)
+            metrics=tuple(COLUMNS.values()), variants=VARIANTS, tables=tables)
 #: BLEU-4 of each (variant, seed); the other scores are offsets of it
 BLEU4 = {("soft", 0): 10.0, ("soft", 1): 11.0, ("soft", 2): 12.0,
          ("wc", 0): 11.0, ("wc", 1): 13.0, ("wc", 2): 15.0, ("wc", 3): 20.0,  # seed 3 has no soft run
