@@ -57,7 +57,8 @@ _BRACKETS = {"(": "-lrb-", ")": "-rrb-", "[": "-lsb-", "]": "-rsb-", "{": "-lcb-
 
 _TOKEN = re.compile(
     r"""
-      (?P<url>(?:https?://|www\.)\S*[^\s.,;:!?'")\]])
+      (?P<tag></?[a-z][\w:.\-]*/?>)
+    | (?P<url>(?:https?://|www\.)\S*[^\s.,;:!?'")\]])
     | (?P<acronym>(?:[a-z]\.){2,}(?:-\w+)*)
     | (?P<title>(?:TITLES|[a-z])\.(?![\w.])|(?:NUMBERS)\.(?=\s+\d))
     | (?P<abbreviation>(?:ABBREVIATIONS|(?-i:CAPITALIZED))\.(?![\w.]))

@@ -91,6 +91,7 @@ def test_cider_depends_on_the_scored_set():
     ("Mr. Smith on St. Patrick's day at 5:30 p.m.", ["mr.", "smith", "on", "st.", "patrick", "'s", "day", "at", "5:30", "p.m."]),
     ("1,000 people paid $5.50 or 50%", ["1,000", "people", "paid", "$", "5.50", "or", "50", "%"]),
     ("Salt &amp; pepper", ["salt", "&", "pepper"]),
+    ("A <unk> on a <b>bike</b>", ["a", "<unk>", "on", "a", "<b>", "bike", "</b>"]),
     ("   ", []),
 ])
 def test_ptb_tokenize(text, tokens):
@@ -108,6 +109,7 @@ TRICKY = [
     "Price $5.00 or 50% off! E-mail me@x.com http://www.x.com #tag and/or 1/2 ... .. ....",
     "Cafe \u201ccurly\u201d \u2018quotes\u2019 \u2013 dash \u2014 \u2026 \u00bd, a 3-wheeler in their 30s at the 3rd St. No. 5",
     "Sony Corp., Gov. Smith, Jan. 5 and Calif. Home of the A&amp;M team; the 49ers' Q&A.",
+    "A <unk> dog and <b>bold</b> text, x < y > z",
 ]
 
 
