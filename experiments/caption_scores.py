@@ -53,6 +53,9 @@ _SENTENCE_STARTS = re.compile(r"\s+(?:The|A|An|He|She|It|They|We|This|That|These
                               r"While|As|What|Her|Their|Our|You|Some|Many|Mr\.|Ms\.|After|Then|Yet|One|Since|"
                               r"However|Other|Such|Once|Now|Last)(?=\s|$)")
 
+#: a capitalized word next, after which the lexer takes an abbreviation (``Calif.``) to end a sentence
+_CAPITALIZED_NEXT = re.compile(r"\s+[A-Z]")
+
 _BRACKETS = {"(": "-lrb-", ")": "-rrb-", "[": "-lsb-", "]": "-rsb-", "{": "-lcb-", "}": "-rcb-"}
 
 _TOKEN = re.compile(
@@ -88,7 +91,7 @@ def _split_word(word: str) -> list[str]:
     ``rock'n'roll`` -> ``rock 'n' roll``, as PTB does."""
     if "'n'" in word:
         before, after = word.split("'n'", 1)
-        return [t for part in (before, "'n'", after) for t in (_split_word(part) if part != "'n'" else [part]) if t]
+        return [*(_split_word(before) if before else []), "'n'", *(_split_word(after) if after else [])]
     if word in _SPLIT_WORDS:
         return list(_SPLIT_WORDS[word])
     match = _CLITIC.match(word)
@@ -98,8 +101,8 @@ def _split_word(word: str) -> list[str]:
 
 
 def _quote(text: str, match: re.Match) -> str:
-    """A straight quote becomes the opening ``````/````` when it starts a word (after a space or an
-    opening bracket, before a non-space), otherwise the closing ``''``/``'``."""
+    """A straight quote as the lexer writes it: opening (two backticks, or one for ') where it
+    starts a word (after a space or an opening bracket, before a non-space), else closing."""
     token, start, end = match.group(), match.start(), match.end()
     if token not in ('"', "'"):
         return token
@@ -112,7 +115,8 @@ def _quote(text: str, match: re.Match) -> str:
 
 def ptb_tokens(text: str) -> list[str]:
     """The lowercased tokens of Stanford's PTBTokenizer (as coco-caption runs it), punctuation
-    included: ``(`` is ``-lrb-``, straight quotes become ````` or ``''``, ``....`` is ``...``."""
+    included: ``(`` is ``-lrb-``, straight quotes are the lexer's opening and closing quotes,
+    ``....`` is ``...``."""
     text = _NORMALIZE.sub(lambda m: _NORMALIZED[m.group()], unicodedata.normalize("NFC", text))
     tokens: list[str] = []
     for match in _TOKEN.finditer(text):
@@ -121,7 +125,7 @@ def ptb_tokens(text: str) -> list[str]:
             tokens += _split_word(token)
         elif kind == "quote":
             tokens.append(_quote(text, match))
-        elif (kind == "abbreviation" and re.match(r"\s+[A-Z]", text[match.end():])
+        elif (kind == "abbreviation" and _CAPITALIZED_NEXT.match(text, match.end())
               or kind == "acronym" and _SENTENCE_STARTS.match(text, match.end())):
             tokens += [token, "."]  # the lexer's guess that a sentence ends there
         elif kind == "ellipsis":
