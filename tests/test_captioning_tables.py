@@ -11,7 +11,7 @@ import pandas as pd
 from scipy import stats
 
 from experiments import results as published
-from experiments.captioning_tables import NOT_SCORED, PAPER_DATA, COLUMNS, tables
+from experiments.captioning_tables import COLUMNS, NOT_SCORED, PAPER_DATA, tables
 from experiments.records import RunFolder, new_record
 from experiments.runner import RunSettings, Task
 
