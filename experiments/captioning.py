@@ -51,7 +51,7 @@ from models.captioning import Att2inSizes, CaptionNetwork, build_captioner
 from models.decoding import beam_search, greedy
 
 #: the attention settings of each variant; LC and WC are the paper's (appendix B.3), WF and LF share
-#: their q and rho with a fixed prior of mean 1 (Gamma(1e-6, 1e-6); LogNormal(-sigma^2/2, 1e3))
+#: their q and rho with a fixed, centred prior (WF: Gamma(1e-6, 1e-6), mean 1; LF: LogNormal(0, 1e3), median 1)
 VARIANT_PRESETS: dict[str, dict[str, Any]] = {
     "soft": {},
     "lc": {"sigma_p": 1e3, "sigma_q": 0.1, "d_mid": 10, "anneal_rate": 1.0},

@@ -3,6 +3,7 @@ sites, training that learns, decoding that stops at EOS, and the errors users me
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from pyro import poutine
@@ -191,10 +192,10 @@ def test_greedy_decoding_stops_at_the_end_token(tiny_data):
 
 
 def test_network_and_guide_run_on_the_meta_device(tiny_data):
+    batch = tiny_data.train.batch(torch.arange(3))
+    inputs = [t.to("meta") for t in batch.inputs]
     with torch.device("meta"):
         model = build_captioner(len(tiny_data.vocabulary), tiny_data.feature_size, TINY, WC, ObjectiveConfig())
-        batch = tiny_data.train.batch(torch.arange(3))
-        inputs = [t.to("meta") for t in batch.inputs]
         trace = poutine.trace(AttentionGuide(model.model)).get_trace(*inputs, tgt_out=batch.tgt_out.to("meta"))
     logits = trace.nodes["_RETURN"]["value"]
     assert logits.device.type == "meta" and logits.shape == (3, batch.tgt_in.size(1), len(tiny_data.vocabulary))
@@ -208,3 +209,19 @@ def test_settings_errors_name_the_field():
         CaptioningSettings(max_words=0)
     with pytest.raises(ValueError, match="variant must be one of"):
         CaptioningSettings(variant="nokl")
+
+
+def test_posterior_draws_of_every_step_beside_the_prior(tiny_data):
+    from experiments.caption_attention import attention_draws
+
+    model = build_captioner(len(tiny_data.vocabulary), tiny_data.feature_size, TINY, WC, ObjectiveConfig())
+    posterior, prior = attention_draws(model, tiny_data.test, draws=5)
+    steps = tiny_data.test.batch(torch.arange(len(tiny_data.test))).tgt_in.size(1)
+    assert posterior.shape == (5, 10, steps, GRID_CELLS) and prior.shape == (10, steps, GRID_CELLS)
+    valid = tiny_data.test.tgt_mask[:, :steps].numpy()
+    assert np.isnan(posterior[:, ~valid]).all() and np.isnan(prior[~valid]).all()  # steps after EOS
+    np.testing.assert_allclose(posterior[:, valid].sum(-1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(prior[valid].sum(-1), 1.0, rtol=1e-6)
+    assert np.ptp(posterior[:, valid], axis=0).max() > 0  # draws differ: q(S | Phi), not its mean
+    for row in range(10):  # the contextual prior reads the image alone: one map for every step of a caption
+        np.testing.assert_allclose(prior[row, valid[row]], np.broadcast_to(prior[row, 0], prior[row, valid[row]].shape), rtol=1e-5)
