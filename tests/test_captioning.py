@@ -191,17 +191,6 @@ def test_greedy_decoding_stops_at_the_end_token(tiny_data):
     assert steps[:5] == [2, 2, 2, 2, 1]  # after its EOS the first photo is decoded no further
 
 
-def test_network_and_guide_run_on_the_meta_device(tiny_data):
-    batch = tiny_data.train.batch(torch.arange(3))
-    inputs = [t.to("meta") for t in batch.inputs]
-    with torch.device("meta"):
-        model = build_captioner(len(tiny_data.vocabulary), tiny_data.feature_size, TINY, WC, ObjectiveConfig())
-        trace = poutine.trace(AttentionGuide(model.model)).get_trace(*inputs, tgt_out=batch.tgt_out.to("meta"))
-    logits = trace.nodes["_RETURN"]["value"]
-    assert logits.device.type == "meta" and logits.shape == (3, batch.tgt_in.size(1), len(tiny_data.vocabulary))
-    assert trace.nodes["attention"]["value"].device.type == "meta"
-
-
 def test_settings_errors_name_the_field():
     with pytest.raises(ValueError, match="karpathy_json must be given with --dataset karpathy"):
         CaptioningSettings(karpathy_json="dataset_coco.json")
