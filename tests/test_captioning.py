@@ -214,3 +214,15 @@ def test_posterior_draws_of_every_step_beside_the_prior(tiny_data):
     assert np.ptp(posterior[:, valid], axis=0).max() > 0  # draws differ: q(S | Phi), not its mean
     for row in range(10):  # the contextual prior reads the image alone: one map for every step of a caption
         np.testing.assert_allclose(prior[row, valid[row]], np.broadcast_to(prior[row, 0], prior[row, valid[row]].shape), rtol=1e-5)
+
+
+@pytest.mark.slow  # fresh processes that load the cached features of all 1,000 photos
+def test_bench_prints_interleaved_time_and_memory_ratios(capsys):
+    from experiments.benchmarks import captioning as bench
+
+    bench.main(["--batch", "5", "--steps", "3", "--warmup", "1", "--memory-repeats", "1"])
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert figures["soft_ms"] > 0 and figures["bam_ms"] > 0 and figures["soft_peak_mb"] > 0
+    low, high = figures["time_ratio_iqr"]
+    assert low <= figures["time_ratio"] <= high
+    assert figures["mem_ratio"] == pytest.approx(figures["bam_peak_mb"] / figures["soft_peak_mb"], rel=0.01)
