@@ -9,6 +9,7 @@ No SPICE: it downloads Stanford CoreNLP models on first use, which cannot work o
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import unicodedata
@@ -181,6 +182,24 @@ def _tokenized(references: Mapping[Hashable, Sequence[str]], candidates: Mapping
     return gts, res
 
 
+def _meteor(gts: dict[Hashable, list[str]], res: dict[Hashable, list[str]]) -> float:
+    """METEOR 1.5 of the set, from pycocoevalcap's ``Meteor`` (a java process). A java that fails
+    is a ``RuntimeError`` with java's last words: pycocoevalcap's own error would leave its lock
+    held, and its clean-up at garbage collection would then wait on that lock forever."""
+    scorer = Meteor()
+    try:
+        return float(scorer.compute_score(gts, res)[0])
+    except (ValueError, OSError) as error:
+        process = scorer.meteor_p
+        process.kill()
+        said = process.stderr.read().decode(errors="replace").strip().splitlines()
+        with contextlib.suppress(OSError):
+            process.stdin.close()
+        scorer.lock.release()
+        raise RuntimeError(f"METEOR failed, java gave no score ({said[-1] if said else error}); "
+                           "pass meteor=False to score without it") from error
+
+
 def score_captions(references: Mapping[Hashable, Sequence[str]], candidates: Mapping[Hashable, str],
                    meteor: Optional[bool] = None) -> dict[str, float]:
     """coco-caption's scores of ``candidates`` (one caption per id) against ``references`` (the
@@ -200,7 +219,7 @@ def score_captions(references: Mapping[Hashable, Sequence[str]], candidates: Map
     bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
     scores = {f"bleu{n + 1}": float(b) for n, b in enumerate(bleu)}
     if meteor is not False and java_available():
-        scores["meteor"] = float(Meteor().compute_score(gts, res)[0])
+        scores["meteor"] = _meteor(gts, res)
     scores["rouge_l"] = float(Rouge().compute_score(gts, res)[0])
     scores["cider"] = float(Cider().compute_score(gts, res)[0])
     return {name: 100.0 * scores[name] for name in SCORES if name in scores}

@@ -2,7 +2,9 @@
 values, the Python PTB tokenizer against the Java one it replaces, and the errors."""
 
 import csv
+import gc
 import math
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -156,6 +158,16 @@ def test_meteor_required_without_java_is_a_clear_error(monkeypatch):
     with pytest.raises(RuntimeError, match="METEOR needs java on the PATH"):
         score_captions({"a": ["a dog"]}, {"a": "a dog"}, meteor=True)
     assert "meteor" not in score_captions({"a": ["a dog"]}, {"a": "a dog"})
+
+
+def test_a_failing_java_is_a_clear_error_not_a_hang(tmp_path, monkeypatch):
+    broken = tmp_path / "java"
+    broken.write_text("#!/bin/sh\necho 'Error: no JVM here' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with pytest.raises(RuntimeError, match=r"METEOR failed, java gave no score \(Error: no JVM here\)"):
+        score_captions({"a": ["a dog"]}, {"a": "a dog"}, meteor=True)
+    gc.collect()  # pycocoevalcap's clean-up waits on its lock: it must have been released
 
 
 @pytest.mark.slow
