@@ -6,6 +6,7 @@
     python -m experiments.bench bert                        finetuning step: soft vs BAM-WC MiniLM
     python -m experiments.bench nmt                         translation training step: soft vs BAM-WC LSTM
     python -m experiments.bench vqa                         easy-VQA MCAN training step: soft vs BAM-WC
+    python -m experiments.bench captioning                  Att2in captioning training step: soft vs BAM-WC
 
 Ratios compare against a baseline measured in the same run, on this machine.
 """
@@ -22,6 +23,7 @@ BENCHMARKS = {
     "bert": "experiments.benchmarks.bert",
     "nmt": "experiments.benchmarks.nmt",
     "vqa": "experiments.benchmarks.vqa",
+    "captioning": "experiments.benchmarks.captioning",
 }
 
 

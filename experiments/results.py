@@ -2,6 +2,7 @@
 
     python -m experiments.results gat                  # results/gat, results/graph -> docs/results
     python -m experiments.results gat --add gat=runs/gat --add graph=runs/graph   # take new runs first
+    python -m experiments.results captioning --add captioning=runs/captioning      # Table 3 layout
 
 ``results/<source>/runs/<run>/`` holds the record of every run behind a table in the docs: the
 runner's ``record.json`` (settings, metrics and the per-epoch history), beside the small files a
@@ -89,6 +90,11 @@ PUBLISHED: dict[str, tuple[Union[Table, Figure], ...]] = {
         Figure("gat_paired.png", "gat", paired_figure),
         Figure("gat_curves.png", "gat", curves_figure),
         Figure("gat_reliability.png", "graph", reliability_figures),
+    ),
+    "captioning": (  # the tables of experiments.captioning_tables
+        Table("captioning_table3.md", "captioning", "table3"),
+        Table("captioning_paired.md", "captioning", "table3-paired"),
+        Figure("captioning_paired.png", "captioning", paired_figure),
     ),
 }
 
