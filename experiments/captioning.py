@@ -46,7 +46,7 @@ from experiments.captioning_tables import tables
 from experiments.captions import (BOS, EOS, CaptionData, CaptionSplit, build_caption_data, read_flickr_subset,
                                   read_karpathy, split_by_image, subset_folder)
 from experiments.nmt import Trainable, count_parameters
-from experiments.runner import RunContext, RunSettings, Task, positive, require, run_cli
+from experiments.runner import RunContext, RunSettings, Task, model_device, positive, require, run_cli
 from models.captioning import Att2inSizes, CaptionNetwork, build_captioner
 from models.decoding import beam_search, greedy
 
@@ -148,8 +148,9 @@ def build_model(settings: CaptioningSettings, data: CaptionData) -> BamModel:
 
 def caption_split(model: BamModel, data: CaptionData, split: CaptionSplit, settings: CaptioningSettings) -> dict[str, str]:
     """Each photo's caption (greedy, or beam search), by photo name."""
-    captions = {}
+    captions, device = {}, model_device(model)
     for images, features, mask in split.image_batches(settings.eval_batch_size):
+        features, mask = features.to(device), mask.to(device)
         if settings.beam_size == 1:
             ids = greedy(model, features, mask, BOS, EOS, settings.max_words)
         else:
@@ -172,7 +173,7 @@ def train_run(settings: CaptioningSettings, data: CaptionData, run: RunContext) 
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr, fused=True)  # fused: one kernel for all
     trainer = run.trainer(model, trainable.guide, optimizer, elbo=trainable.elbo,
                           grad_clip=settings.grad_clip, checkpoint_every=1)
-    steps_per_epoch = -(-len(data.train) // settings.batch_size)
+    steps_per_epoch = run.steps_per_process(-(-len(data.train) // settings.batch_size))
 
     def batches():
         rng = np.random.default_rng([settings.seed, trainer.epoch])

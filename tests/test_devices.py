@@ -222,6 +222,21 @@ def test_vqa_network_and_guide_train_on_meta():
     check_training_step(model, AttentionGuide(model.model), META, words, images, answers=torch.tensor([1, 2], device=META))
 
 
+@pytest.mark.parametrize("config", [WC, LC], ids=["wc", "lc"])
+def test_captioning_network_and_guide_train_on_meta(config):
+    """Att2in: one Bayesian attention site per decoding step over the photo's grid, its words'
+    likelihood in masked plates."""
+    from models.captioning import Att2inSizes, build_captioner
+
+    sizes = Att2inSizes(embedding=8, hidden=8, attention=5, dropout=0.1)
+    model = to_device(build_captioner(12, 6, sizes, config, ObjectiveConfig()), META).train()
+    features, grid_mask = torch.empty(2, 4, 6, device=META), torch.ones(2, 4, dtype=torch.bool, device=META)
+    tgt_in = torch.tensor([[1, 5, 6], [1, 7, 0]], device=META)
+    tgt_out = torch.tensor([[5, 6, 2], [7, 2, 0]], device=META)
+    tgt_mask = torch.tensor([[True, True, True], [True, True, False]], device=META)
+    check_training_step(model, AttentionGuide(model.model), META, features, grid_mask, tgt_in, tgt_mask, tgt_out=tgt_out)
+
+
 def test_translation_attention_and_likelihood_run_on_meta():
     """models.nmt past its encoder (whose packed LSTM takes CPU lengths): the decoder, the Bayesian
     attention of all target steps, the output layer and the masked target plates."""
