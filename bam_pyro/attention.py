@@ -29,6 +29,8 @@ from torch import Tensor, nn
 from .axes import AttentionAxis
 from .config import BamConfig
 from .distributions import prior_distribution, variational_distribution
+from .fused_sites import DotProductCall, FusedPrior, FusedSiteInfo, softmax_attention
+from .noise import draw_seeds
 from .normalize import LOG_FLOOR, log_normalized, normalize
 from .prior import ContextualPrior
 from .sites import AttentionSiteInfo, active_sites, sampling_requested
@@ -43,7 +45,14 @@ class BayesianAttention(nn.Module):
     A query whose keys the axis masks all gets all-zero weights and no KL, rather than NaN (as
     PyTorch's ``scaled_dot_product_attention``) or a uniform weight over padding: see
     :class:`~bam_pyro.axes.DenseKeys`.
+
+    Dot-product callers can take the fused path instead, :meth:`attend` (no attention map in
+    memory, :mod:`bam_pyro.fused`); ``fused = False`` (:func:`bam_pyro.fused.set_fused`) keeps
+    them on the materialized one.
     """
+
+    #: whether dot-product callers use :meth:`attend` (see :meth:`uses_fused_path`)
+    fused: bool = True
 
     def __init__(self, config: BamConfig, num_heads: int, key_dim: int, site_name: str = "attention") -> None:
         super().__init__()
@@ -82,6 +91,45 @@ class BayesianAttention(nn.Module):
         s = variational_distribution(phi, config).rsample()  # sampling outside a model's sites
         return normalize(axis, s)
 
+    def uses_fused_path(self) -> bool:
+        """Whether a dot-product caller should call :meth:`attend`: the fused path is on and no
+        attention site records its weights (``Predictive`` asking for maps gets them materialized)."""
+        sites = active_sites()
+        return self.fused and not (sites is not None and sites.record_weights)
+
+    def attend(self, query: Tensor, key: Tensor, value: Tensor, *, keys: Optional[Tensor] = None,
+               key_mask: Optional[Tensor] = None, query_mask: Optional[Tensor] = None, batch_dims: int = 1,
+               causal: bool = False, dropout: float = 0.0) -> Tensor:
+        """The fused path: attention output ``[..., H, Lq, dv]`` of dot-product scores ``query . key``
+        (``query`` ``[..., H, Lq, d]`` already scaled, ``key``/``value`` ``[..., H, Lk, d]``) without
+        the attention map. ``keys``: the contextual prior's input ``[..., Lk, H, key_dim]``;
+        ``key_mask`` ``[..., 1 or H, 1, Lk]`` and ``query_mask`` ``[..., 1 or H, Lq, 1]`` (True = valid);
+        ``batch_dims``: data-batch dims before the heads (in the site's event); ``causal``: query i
+        sees keys j <= i; ``dropout``: attention dropout, applied (the caller passes 0 in eval mode).
+
+        The point prediction (eval mode) and soft attention are ``scaled_dot_product_attention``;
+        a draw is :class:`~bam_pyro.fused_sites.DotProductCall` with the seed of the site (or a fresh
+        one outside a model). Without a guide the site draws S from the prior, as a full map."""
+        if not self.config.stochastic or self._predicts_mean():
+            return softmax_attention(query, key, value, key_mask, causal, dropout)
+        if query.dtype == torch.float16:  # as on the materialized path: the Bayesian part in float32
+            out = self.attend(query.float(), key.float(), value.float(), keys=keys, key_mask=key_mask,
+                              query_mask=query_mask, batch_dims=batch_dims, causal=causal, dropout=dropout)
+            return out.to(query.dtype)
+        sites = active_sites()
+        has_site = sites is not None and self.config.prior is not None
+        logits = self._prior_logits(keys, query.dtype).transpose(-1, -2) if has_site and self.prior_net is not None else None
+        call = DotProductCall(self.config, query, key, value, key_mask=key_mask, query_mask=query_mask, causal=causal,
+                              batch_dims=batch_dims, prior_logits=logits, dropout=dropout,
+                              build_prior=lambda phi, axis: self.prior(phi, keys, axis))
+        if not has_site:
+            return call.attend(draw_seeds(call.sample_shape, device=query.device))
+        drawn = sites.sample(sites.site_name(self.site_name), FusedPrior(call, call.sample_shape), FusedSiteInfo(call), None)
+        if drawn.is_floating_point():  # S drawn from the prior (no guide): normalized as a map
+            weights = normalize(call.axis(), drawn)
+            return torch.nn.functional.dropout(weights, dropout) @ value
+        return call.attend(drawn)
+
     def _predicts_mean(self) -> bool:
         """No Pyro sites to serve and no draw asked for (eval mode, or ``attention_sampling(False)``)."""
         requested = sampling_requested()
@@ -91,16 +139,20 @@ class BayesianAttention(nn.Module):
         """p(S | keys), element-wise over the entries of ``phi``."""
         log_psi = None
         if self.prior_net is not None:
-            if keys is None:
-                raise ValueError("the contextual prior (lc, wc) needs the keys; got keys=None")
-            if self.config.detach_prior_keys:
-                keys = keys.detach()
-            logits = self.prior_net(keys).to(phi.dtype)
+            logits = self._prior_logits(keys, phi.dtype)
             if self.config.prior_scope == "all_keys":
                 log_psi = axis.spread(torch.log(axis.softmax_all_keys(logits) + LOG_FLOOR))
             else:
                 log_psi = log_normalized(axis, axis.spread(logits))
         return prior_distribution(log_psi, self.config, phi.shape, phi)
+
+    def _prior_logits(self, keys: Optional[Tensor], dtype: torch.dtype) -> Tensor:
+        """The contextual prior's logits ``[..., keys, heads]``."""
+        if keys is None:
+            raise ValueError("the contextual prior (lc, wc) needs the keys; got keys=None")
+        if self.config.detach_prior_keys:
+            keys = keys.detach()
+        return self.prior_net(keys).to(dtype)
 
     def extra_repr(self) -> str:
         c = self.config

@@ -30,6 +30,7 @@ from torch import Tensor
 from .attention_map import AttentionMap
 from .axes import AttentionAxis
 from .config import BamConfig
+from .distributions import variational_distribution
 
 #: key of the site's ``infer`` dict that carries what the guide needs
 SITE_INFO = "bam_attention"
@@ -47,6 +48,14 @@ class AttentionSiteInfo:
     def as_site_distribution(self, fn: dist.TorchDistribution) -> AttentionMap:
         """The site's distribution from an element-wise one: one event, invalid entries masked."""
         return AttentionMap(fn, self.mask, self.event_dim)
+
+    def posterior(self) -> AttentionMap:
+        """q(S | Phi), the guide's distribution at the site."""
+        return self.as_site_distribution(variational_distribution(self.phi, self.config))
+
+    def num_valid(self, axis: AttentionAxis) -> int:
+        """Valid entries of one map (the KL's count under the ``mean`` reduction)."""
+        return axis.num_valid(self.phi)
 
 
 @dataclass
@@ -75,7 +84,7 @@ class AttentionSites:
     def sample(self, name: str, prior: dist.TorchDistribution, info: AttentionSiteInfo, axis: AttentionAxis) -> Tensor:
         scale = self.kl_scale
         if self.mean_over_sites is not None:
-            scale = scale / (self.mean_over_sites * max(axis.num_valid(info.phi), 1))
+            scale = scale / (self.mean_over_sites * max(info.num_valid(axis), 1))
         with poutine.scale(scale=scale):
             return pyro.sample(name, info.as_site_distribution(prior), infer={SITE_INFO: info})
 
