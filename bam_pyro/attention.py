@@ -21,7 +21,7 @@ Which S is used depends on where the layer runs:
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor, nn
@@ -34,6 +34,19 @@ from .noise import draw_seeds
 from .normalize import LOG_FLOOR, log_normalized, normalize
 from .prior import ContextualPrior
 from .sites import AttentionSiteInfo, active_sites, sampling_requested
+
+class DotProductInputs(NamedTuple):
+    """What the fused path takes in place of the scores (see :meth:`BayesianAttention.attend`)."""
+
+    query: Tensor
+    key: Tensor
+    value: Tensor
+    key_mask: Optional[Tensor]
+    query_mask: Optional[Tensor]
+    batch_dims: int
+    causal: bool
+    dropout: float
+
 
 class BayesianAttention(nn.Module):
     """Turns attention scores into attention weights, stochastic as ``config`` says.
@@ -64,9 +77,12 @@ class BayesianAttention(nn.Module):
             ContextualPrior(num_heads, key_dim, config.d_mid) if config.prior == "contextual" else None
         )
 
-    def forward(self, scores: Tensor, keys: Optional[Tensor], axis: AttentionAxis) -> Tensor:
+    def forward(self, scores: "Tensor | DotProductInputs", keys: Optional[Tensor], axis: Optional[AttentionAxis]) -> Tensor:
         """``scores``: entries laid out as ``axis`` expects; ``keys``: ``[..., keys, heads, key_dim]``
-        (only read by the contextual prior). Returns normalized weights shaped like ``scores``."""
+        (only read by the contextual prior). Returns normalized weights shaped like ``scores``.
+        Given :class:`DotProductInputs` instead (from :meth:`attend`), returns the fused path's output."""
+        if isinstance(scores, DotProductInputs):
+            return self._fused(scores, keys)
         if not self.config.stochastic or self._predicts_mean():
             # E_q[S] = exp(Phi) normalizes to softmax(scores): the posterior-mean point prediction,
             # taken from the scores directly (no rounding through Phi, and no Phi to compute)
@@ -109,13 +125,18 @@ class BayesianAttention(nn.Module):
 
         The point prediction (eval mode) and soft attention are ``scaled_dot_product_attention``;
         a draw is :class:`~bam_pyro.fused_sites.DotProductCall` with the seed of the site (or a fresh
-        one outside a model). Without a guide the site draws S from the prior, as a full map."""
+        one outside a model). Without a guide the site draws S from the prior, as a full map.
+        Runs as a call of the module (its hooks see it), with :class:`DotProductInputs`."""
+        inputs = DotProductInputs(query, key, value, key_mask, query_mask, batch_dims, causal, dropout)
+        return self(inputs, keys, None)
+
+    def _fused(self, inputs: "DotProductInputs", keys: Optional[Tensor]) -> Tensor:
+        query, key, value, key_mask, query_mask, batch_dims, causal, dropout = inputs
         if not self.config.stochastic or self._predicts_mean():
             return softmax_attention(query, key, value, key_mask, causal, dropout)
         if query.dtype == torch.float16:  # as on the materialized path: the Bayesian part in float32
-            out = self.attend(query.float(), key.float(), value.float(), keys=keys, key_mask=key_mask,
-                              query_mask=query_mask, batch_dims=batch_dims, causal=causal, dropout=dropout)
-            return out.to(query.dtype)
+            floats = inputs._replace(query=query.float(), key=key.float(), value=value.float())
+            return self._fused(floats, keys).to(query.dtype)
         sites = active_sites()
         has_site = sites is not None and self.config.prior is not None
         logits = self._prior_logits(keys, query.dtype).transpose(-1, -2) if has_site and self.prior_net is not None else None

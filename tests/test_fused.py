@@ -16,7 +16,7 @@ from bam_pyro import AttentionGuide, BamConfig, BayesianAttention, DenseKeys, Mu
 from bam_pyro.attention_map import AttentionMap
 from bam_pyro.distributions import variational_distribution
 from bam_pyro.fused import chunked_attention, set_fused
-from bam_pyro.fused_sites import DotProductCall, FusedPosterior
+from bam_pyro.fused_sites import DotProductCall, FusedPosterior, FusedPrior
 from bam_pyro.normalize import log_normalized, normalize
 from bam_pyro.sites import SITE_INFO, attention_sites
 
@@ -225,7 +225,7 @@ def test_one_site_per_call_with_its_analytic_kl_under_trace_mean_field(name):
     # the ELBO's KL term is the site's scale times the closed form (mean reduction: over valid entries)
     scale = guide_trace.nodes[sites[0]]["scale"]
     assert scale == pytest.approx(0.5 / call.num_valid())
-    assert call.num_valid() == 2 * (5 * 5 * 2 + 3 * 3)
+    assert call.num_valid() == 2 * (5 * 5 * 2 + 5 * 3)  # 2 heads; the padded queries still see 3 keys
 
 
 def test_model_without_guide_draws_attention_from_the_prior():
@@ -249,42 +249,55 @@ def test_trace_elbo_estimates_the_same_kl_from_regenerated_maps():
     call = DotProductCall(config, q, k, v.detach(), key_mask=None, query_mask=None, causal=False, batch_dims=1,
                           prior_logits=None, build_prior=lambda phi, axis: layer.prior(phi, None, axis))
     call.attend(torch.tensor(0))
-    posterior, prior = FusedPosterior(call), __import__("bam_pyro.fused_sites", fromlist=["FusedPrior"]).FusedPrior(call)
+    posterior, prior = FusedPosterior(call), FusedPrior(call)
     seeds = noise.draw_seeds(torch.Size([400]))
-    estimate = torch.stack([posterior.log_prob(s) - prior.log_prob(s) for s in seeds]).mean()
+    estimate = (posterior.log_prob(seeds) - prior.log_prob(seeds)).mean()
     assert estimate.item() == pytest.approx(call.kl().item(), rel=0.05)
 
 
-def test_grouped_query_attention_matches_the_materialized_path():
-    """Key/value heads shared by groups of query heads (transformers' GQA): fused and materialized
-    agree in a tiny Llama, in training with the same seeds."""
-    import copy
-
+def tiny_llama():
     from transformers import LlamaConfig, LlamaModel
 
+    return LlamaModel(LlamaConfig(vocab_size=60, hidden_size=32, intermediate_size=37, num_hidden_layers=1,
+                                  num_attention_heads=4, num_key_value_heads=2))
+
+
+def tiny_bert():
+    from transformers import BertConfig, BertModel
+
+    return BertModel(BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                intermediate_size=37, attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0))
+
+
+@pytest.mark.parametrize("make,padding", [(tiny_llama, "left"), (tiny_llama, None), (tiny_bert, "right")],
+                         ids=["llama-gqa-causal-left-padding", "llama-gqa-causal", "bert-key-padding"])
+@pytest.mark.parametrize("name", ["wc", "lc"])
+def test_transformers_site_kl_is_the_materialized_one(make, padding, name):
+    """The first layer's KL does not depend on the draw: fused (closed form from the layout that
+    transformers' mask is read as) and materialized (entry-wise) agree; grouped-query heads,
+    causal masks with left padding, and BERT's key padding with padded queries left out."""
     from bam_pyro.transformers import to_bam
 
-    llama = LlamaModel(LlamaConfig(vocab_size=60, hidden_size=32, intermediate_size=37, num_hidden_layers=1,
-                                   num_attention_heads=4, num_key_value_heads=2))
-    fused_model = to_bam(llama, CONFIGS["wc"]).train()
+    model = to_bam(make(), CONFIGS[name]).train()
     ids = torch.randint(5, 60, (2, 7))
     mask = torch.ones_like(ids)
-    mask[1, :2] = 0  # left padding: causal with padded keys
-    guide_loss = []
+    if padding == "left":
+        mask[1, :2] = 0
+    elif padding == "right":
+        mask[1, 4:] = 0
+    kls, kinds = [], []
     for enabled in (True, False):
-        model = set_fused(copy.deepcopy(fused_model), enabled)
-        seed_holder = {}
+        set_fused(model, enabled)
 
-        def network():
-            return model(input_ids=ids, attention_mask=mask).last_hidden_state
+        def program():
+            with attention_sites():
+                model(input_ids=ids, attention_mask=mask)
 
-        with poutine.trace() as tracer, attention_sites():
-            if enabled:
-                out = network()
-            else:
-                out = None
-        if enabled:
-            site = [s for s in tracer.trace.nodes.values() if s["type"] == "sample"][0]
-            seed_holder["seed"] = site["value"]
-        guide_loss.append((out, seed_holder))
-    assert guide_loss[0][0] is not None
+        guide = AttentionGuide(program)
+        guide()
+        model_trace, guide_trace = guide.get_traces()
+        (site,) = [n for n, s in model_trace.nodes.items() if SITE_INFO in (s.get("infer") or {})]
+        kinds.append(type(guide_trace.nodes[site]["fn"]))
+        kls.append(kl_divergence(guide_trace.nodes[site]["fn"], model_trace.nodes[site]["fn"]))
+    assert kinds[0] is FusedPosterior and kinds[1] is AttentionMap
+    torch.testing.assert_close(kls[0], kls[1], rtol=1e-5, atol=1e-3)
