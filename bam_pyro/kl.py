@@ -181,7 +181,7 @@ def weibull_gamma_row_kl(lse: Tensor, alpha_sum: Tensor, alpha_score_sum: Tensor
     """Sum over a row of KL(Weibull(k, exp(Phi) / Gamma(1 + 1/k)) || Gamma(alpha_ij, beta)).
 
     With the entry-wise KL ``c(alpha) - alpha * Phi + beta * exp(Phi)`` (:func:`kl_mean_weibull_gamma`,
-    ``c`` of :func:`_weibull_gamma_constant` with the ``lgamma(1 + 1/k)`` term), a row needs
+    ``c`` the terms of alpha alone, with ``lgamma(1 + 1/k)``), a row needs
 
         sum_j c(alpha_ij)  -  sum_j alpha_ij s_ij  +  lse_i * sum_j alpha_ij  +  beta
 

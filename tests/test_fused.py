@@ -301,3 +301,57 @@ def test_transformers_site_kl_is_the_materialized_one(make, padding, name):
         kls.append(kl_divergence(guide_trace.nodes[site]["fn"], model_trace.nodes[site]["fn"]))
     assert kinds[0] is FusedPosterior and kinds[1] is AttentionMap
     torch.testing.assert_close(kls[0], kls[1], rtol=1e-5, atol=1e-3)
+
+
+def test_encoder_decoder_sites_count_the_same_entries_on_both_paths():
+    """BART: the encoder's self-attention drops its padded queries, cross-attention keeps every
+    decoder query, the decoder's self-attention is causal; each site's mean-reduction scale
+    (1 / its valid entries) is the materialized path's."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    from bam_pyro.transformers import to_bam
+
+    config = BartConfig(vocab_size=60, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                        decoder_attention_heads=2, encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=32,
+                        dropout=0.0, attention_dropout=0.0)
+    model = to_bam(BartForConditionalGeneration(config), CONFIGS["wc"]).train()
+    ids = torch.randint(3, 60, (3, 7))
+    mask = torch.ones_like(ids)
+    mask[1, 4:] = 0
+    decoder_ids = torch.randint(3, 60, (3, 7))
+    scales = []
+    for enabled in (True, False):
+        set_fused(model, enabled)
+        with poutine.trace() as tracer, attention_sites(mean_over_sites=1):
+            model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids)
+        sites = {n: s for n, s in tracer.trace.nodes.items() if SITE_INFO in (s.get("infer") or {})}
+        assert all(isinstance(s["fn"], FusedPrior) == enabled for s in sites.values())
+        scales.append({n: s["scale"] for n, s in sites.items()})
+    assert len(scales[0]) == 3 and scales[0].keys() == scales[1].keys()
+    for name in scales[0]:
+        assert scales[0][name] == pytest.approx(scales[1][name]), name
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("family", ["weibull", "lognormal"])
+@pytest.mark.parametrize("mask_kind", ["none", "padding", "causal-padding"])
+def test_flex_attention_route_equals_the_chunked_function_on_cuda(family, mask_kind):
+    """FlexAttention with the hashed noise in its score_mod: the same output, normalizer and
+    gradients as the chunked function (the same counters), forward and backward."""
+    from bam_pyro.fused import flex_attention_route
+
+    q, k, v = (t.detach().cuda().requires_grad_() for t in inputs(lq=130, lk=130))
+    key_mask, _, causal = masks(mask_kind, 130, 130)
+    key_mask = None if key_mask is None else key_mask.cuda()
+    keys = noise.row_keys(torch.tensor(5, device="cuda"), B, H)
+    probe = torch.randn(B, H, 130, D, device="cuda")
+    results = []
+    for route in (chunked_attention, flex_attention_route):
+        out, lse = route(q, k, v, keys, family, k=2.0, sigma=0.7, key_mask=key_mask, causal=causal)
+        results.append((out, lse, grads([q, k, v], (out * probe).sum() + lse.sum())))
+    (out_c, lse_c, g_c), (out_f, lse_f, g_f) = results
+    torch.testing.assert_close(out_f, out_c, atol=2e-4, rtol=1e-3)
+    torch.testing.assert_close(lse_f, lse_c, atol=2e-4, rtol=1e-3)
+    for a, b in zip(g_f, g_c):
+        torch.testing.assert_close(a, b, atol=1e-3, rtol=1e-3)

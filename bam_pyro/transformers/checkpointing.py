@@ -19,6 +19,10 @@ computed in the forward pass instead of dropping it, and the recomputation repla
   where the forward pass left it, so that the dropout masks drawn after it are the forward
   pass's too. No site is declared and no noise is drawn.
 
+On the fused path (:mod:`bam_pyro.fused`) a call keeps its queries, keys and values instead of a
+map, and what is replayed is its output; the noise needs no record: the fused backward pass
+regenerates it from the seed the site drew.
+
 Everything else in the layer is recomputed as usual, and the gradients are those of the
 uncheckpointed model. This needs checkpointing without reentrant autograd: reentrant
 checkpointing runs the forward pass under ``torch.no_grad()``, so the KL read from the trace
