@@ -29,7 +29,6 @@ Two routes:
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -216,7 +215,3 @@ def set_fused(model: nn.Module, enabled: bool) -> nn.Module:
             module.fused = bool(enabled)
     return model
 
-
-def scaled(query: Tensor, scale: Optional[float]) -> Tensor:
-    """``query * scale`` (``1 / sqrt(d)`` when None), the queries the fused routes take."""
-    return query * (scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
