@@ -70,13 +70,35 @@ class _Chunks:
 
     def noisy(self, scores: Tensor, start: int, stop: int) -> tuple[Tensor, Optional[Tensor]]:
         """scores + noise of the chunk, and the dropout keep-mask scaled by 1 / (1 - p) (or None)."""
-        rows = noise.query_keys(self.row_keys, torch.arange(start, stop, device=scores.device))[..., None]
-        bits = noise.entry_bits(rows, self.key_index)
-        noisy = scores + noise.log_noise(bits, self.family, self.k, self.sigma, scores.dtype)
-        if not self.dropout:
-            return noisy, None
-        kept = noise.uniform(noise.entry_bits(rows, self.key_index, noise.DROPOUT_STREAM), scores.dtype) >= self.dropout
-        return noisy, kept.to(scores.dtype) / (1.0 - self.dropout)
+        rows = torch.arange(start, stop, device=scores.device)
+        drawn, kept = _draw(self.row_keys, rows, self.key_index, self.family, self.k, self.sigma, self.dropout, scores.dtype)
+        return scores + drawn, kept
+
+
+def chunk_noise(row_keys: Tensor, rows: Tensor, key_index: Tensor, family: str, k: float, sigma: float, dropout: float,
+                dtype: torch.dtype) -> tuple[Tensor, Optional[Tensor]]:
+    """The noise ``[N, H, rows, keys]`` of a chunk of queries and its dropout keep-mask scaled by
+    ``1 / (1 - dropout)`` (None without dropout): the element-wise chain that
+    :func:`compile_noise` hands to Inductor."""
+    query_keys = noise.query_keys(row_keys, rows)[..., None]
+    drawn = noise.log_noise(noise.entry_bits(query_keys, key_index), family, k, sigma, dtype)
+    if not dropout:
+        return drawn, None
+    kept = noise.uniform(noise.entry_bits(query_keys, key_index, noise.DROPOUT_STREAM), dtype) >= dropout
+    return drawn, kept.to(dtype) / (1.0 - dropout)
+
+
+_draw = chunk_noise
+
+
+def compile_noise(enabled: bool = True) -> None:
+    """Draw the chunked route's noise through ``torch.compile`` (Inductor fuses the hash, the
+    logarithms and the dropout test into one loop; on CPU about 7x faster than the eager ops) or,
+    with ``enabled=False``, eagerly (the default: compiling takes one to a few minutes the first
+    time in a process, cached on disk after). The compiled logarithms may differ from the eager
+    ones in the last bit; forward and backward use the same function, so a draw stays one draw."""
+    global _draw
+    _draw = torch.compile(chunk_noise, dynamic=True) if enabled else chunk_noise
 
 
 def _masked(values: Tensor, valid: Optional[Tensor]) -> Tensor:

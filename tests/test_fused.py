@@ -376,3 +376,24 @@ def test_flex_attention_route_equals_the_chunked_function_on_cuda(family, mask_k
     torch.testing.assert_close(lse_f, lse_c, atol=2e-4, rtol=1e-3)
     for a, b in zip(g_f, g_c):
         torch.testing.assert_close(a, b, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.slow  # Inductor compiles the noise chain: a minute or more on 2 CPU cores
+def test_compiled_noise_gives_the_eager_draw():
+    from bam_pyro.fused import compile_noise
+
+    q, k, v = inputs(lq=9, lk=9)
+    keys = noise.row_keys(torch.tensor(11), B, H)
+    results = []
+    for compiled in (False, True):
+        compile_noise(compiled)
+        try:
+            out, lse = chunked_attention(q, k, v, keys, "weibull", k=2.0, dropout=0.2, chunk=4)
+            results.append((out, lse, grads([q, k, v], out.sum() + lse.sum())))
+        finally:
+            compile_noise(False)
+    (out_e, lse_e, g_e), (out_c, lse_c, g_c) = results
+    torch.testing.assert_close(out_c, out_e, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse_c, lse_e)
+    for a, b in zip(g_c, g_e):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

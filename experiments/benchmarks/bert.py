@@ -22,7 +22,10 @@ swaps in Bayesian attention through :func:`bam_pyro.transformers.to_bam`, on its
 attention map; ``--materialized`` keeps the maps). Both train with
 :class:`~bam_pyro.training.SVITrainer`'s default ELBO, Pyro's validation off (its checks of the
 first step would evaluate every site's log-density, a full map). ``--compile`` runs both
-transformers models through ``torch.compile`` (Inductor).
+transformers models through ``torch.compile`` (Inductor); ``--compiled-noise`` draws the fused
+path's noise through it (:func:`bam_pyro.fused.compile_noise`) in the timing process (the warmup
+steps take the compilation), while the memory processes draw it eagerly: the tensors are the
+same, and the compiler's own memory is not the method's.
 """
 
 from __future__ import annotations
@@ -63,18 +66,19 @@ def _network(model: str, layers: int, length: int):
 
 
 def _training_step(variant: str, model: str, layers: int, batch: int, length: int, k: float, fused: bool,
-                   compile_model: bool) -> Callable[[], float]:
+                   compile_model: bool, compiled_noise: bool = False) -> Callable[[], float]:
     """One SVI step of ``variant`` on a fixed random batch (seeded: the same batch and initial
     weights for every variant)."""
     import pyro
     import torch
 
     from bam_pyro import AttentionGuide, BamConfig, ObjectiveConfig
-    from bam_pyro.fused import set_fused
+    from bam_pyro.fused import compile_noise, set_fused
     from bam_pyro.training import SVITrainer, seed_everything
     from bam_pyro.transformers import build_sequence_model
 
     pyro.enable_validation(False)
+    compile_noise(compiled_noise)
     seed_everything(0)
     config = BamConfig(variant=variant, k=k, beta=1e-2, d_mid=5)
     bam_model = build_sequence_model(_network(model, layers, length), 2, config, ObjectiveConfig())
@@ -92,12 +96,13 @@ def _training_step(variant: str, model: str, layers: int, batch: int, length: in
 
 
 def measure_time(model: str, layers: int, batch: int, length: int, steps: int, warmup: int, threads: int, k: float,
-                 fused: bool, compile_model: bool) -> dict[str, Any]:
+                 fused: bool, compile_model: bool, compiled_noise: bool) -> dict[str, Any]:
     """Step times of soft and BAM-WC taken in turn: their medians (ms) and the per-step ratios."""
     import torch
 
     torch.set_num_threads(threads)
-    step_of = {v: _training_step(v, model, layers, batch, length, k, fused, compile_model) for v in ("soft", "wc")}
+    step_of = {v: _training_step(v, model, layers, batch, length, k, fused, compile_model, compiled_noise)
+               for v in ("soft", "wc")}
     times: dict[str, list[float]] = {v: [] for v in step_of}
     for step in range(warmup + steps):
         for variant, training_step in step_of.items():
@@ -130,7 +135,7 @@ def ratio_summary(ratios: list[float]) -> dict[str, Any]:
 def bench_shape(args: argparse.Namespace, model: str, batch: int, length: int) -> dict[str, Any]:
     common = (model, args.layers, batch, length)
     timing = in_fresh_process(measure_time, common + (args.steps, args.warmup, args.threads, args.k, not args.materialized,
-                                                      args.compile))
+                                                      args.compile, args.compiled_noise))
     soft, bam = (
         {"ms": timing[f"{name}_ms"],
          **in_fresh_process(measure_memory, (variant,) + common + (args.threads, args.k, not args.materialized, args.compile),
@@ -141,7 +146,7 @@ def bench_shape(args: argparse.Namespace, model: str, batch: int, length: int) -
     return {
         "model": args.model, "layers": args.layers if args.model == RANDOM_BERT else None, "batch": batch, "length": length,
         "threads": args.threads, "steps": args.steps, "path": "materialized" if args.materialized else "fused",
-        "compiled": args.compile, **figures, **ratio_summary(timing["ratios"]),
+        "compiled": args.compile, "compiled_noise": args.compiled_noise, **figures, **ratio_summary(timing["ratios"]),
     }
 
 
@@ -159,6 +164,8 @@ def main(argv: Optional[list[str]] = None) -> list[dict[str, Any]]:
     p.add_argument("--k", type=float, default=10.0, help="Weibull shape of BAM-WC")
     p.add_argument("--materialized", action="store_true", help="BAM-WC on the materialized path (attention maps)")
     p.add_argument("--compile", action="store_true", help="torch.compile both transformers models")
+    p.add_argument("--compiled-noise", action="store_true",
+                   help="draw the fused path's noise through torch.compile (bam_pyro.fused.compile_noise); timing only")
     args = p.parse_args(argv)
     if (args.batch is None) != (args.length is None):
         p.error("--batch and --length go together")
