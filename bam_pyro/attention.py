@@ -60,7 +60,7 @@ class BayesianAttention(nn.Module):
     :class:`~bam_pyro.axes.DenseKeys`.
 
     Dot-product callers can take the fused path instead, :meth:`attend` (no attention map in
-    memory, :mod:`bam_pyro.fused`); ``fused = False`` (:func:`bam_pyro.fused.set_fused`) keeps
+    memory, :mod:`bam_pyro.fused`); ``fused = False`` (:func:`set_fused`) keeps
     them on the materialized one.
     """
 
@@ -178,3 +178,12 @@ class BayesianAttention(nn.Module):
     def extra_repr(self) -> str:
         c = self.config
         return f"variant={c.variant}, site={self.site_name!r}"
+
+
+def set_fused(model: nn.Module, enabled: bool) -> nn.Module:
+    """Use (or stop using) the fused path in every :class:`BayesianAttention` of ``model``, where
+    its scores allow; returns the model. The materialized path stays available for any model."""
+    for module in model.modules():
+        if isinstance(module, BayesianAttention):
+            module.fused = bool(enabled)
+    return model

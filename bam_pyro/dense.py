@@ -27,7 +27,7 @@ class MultiHeadBayesianAttention(nn.Module):
 
     ``need_weights=False`` returns None for the weights and, with dot-product scores, takes the
     fused path (:meth:`BayesianAttention.attend`, no attention map in memory) unless it is
-    switched off (:func:`bam_pyro.fused.set_fused`); asking for the weights materializes them, as
+    switched off (:func:`bam_pyro.attention.set_fused`); asking for the weights materializes them, as
     PyTorch's ``nn.MultiheadAttention`` does.
 
     ``batch_dims``: the number of data-batch dims before the length (1: ``[batch, length,

@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from . import noise
 
@@ -225,15 +225,4 @@ def bayesian_dot_attention(query: Tensor, key: Tensor, value: Tensor, row_keys: 
         return flex_attention_route(query, key, value, row_keys, family, k=k, sigma=sigma, key_mask=key_mask, causal=causal)
     return chunked_attention(query, key, value, row_keys, family, k=k, sigma=sigma, key_mask=key_mask,
                              causal=causal, dropout=dropout)
-
-
-def set_fused(model: nn.Module, enabled: bool) -> nn.Module:
-    """Use (or stop using) the fused path in every Bayesian attention module of ``model``, where
-    its scores allow; returns the model. The materialized path stays available for any model."""
-    from .attention import BayesianAttention
-
-    for module in model.modules():
-        if isinstance(module, BayesianAttention):
-            module.fused = bool(enabled)
-    return model
 

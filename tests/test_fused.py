@@ -14,7 +14,8 @@ from torch.distributions import kl_divergence
 from bam_pyro import AttentionGuide, BamConfig, BayesianAttention, DenseKeys, MultiHeadBayesianAttention, noise
 from bam_pyro.attention_map import AttentionMap
 from bam_pyro.distributions import variational_distribution
-from bam_pyro.fused import chunked_attention, set_fused
+from bam_pyro.attention import set_fused
+from bam_pyro.fused import chunked_attention
 from bam_pyro.fused_sites import DotProductCall, FusedPosterior, FusedPrior
 from bam_pyro.normalize import log_normalized, normalize
 from bam_pyro.sites import SITE_INFO, attention_sites

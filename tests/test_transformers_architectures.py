@@ -18,7 +18,7 @@ from transformers import (
 )
 
 from bam_pyro import AttentionGuide, BamConfig, BamModel, ObjectiveConfig
-from bam_pyro.fused import set_fused
+from bam_pyro.attention import set_fused
 from bam_pyro.sites import SITE_INFO
 from bam_pyro.transformers import BAM_ATTRIBUTE, bam_attention_forward, to_bam
 from bam_pyro.transformers.convert import attach_bayesian_attention, calls_attention_interface

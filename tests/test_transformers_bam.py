@@ -13,7 +13,7 @@ from transformers import (
 
 from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.elbo import AttentionMeanFieldELBO
-from bam_pyro.fused import set_fused
+from bam_pyro.attention import set_fused
 from bam_pyro.sites import SITE_INFO
 from bam_pyro.training import SVITrainer
 from bam_pyro import AttentionGuide

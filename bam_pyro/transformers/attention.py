@@ -87,7 +87,7 @@ def bam_attention_forward(
     Without soft-capping or a position bias, and with a mask :func:`fused_layout` reads (none, key
     padding, causal), the call takes the fused path (:meth:`~bam_pyro.BayesianAttention.attend`): no
     attention map in memory, attention dropout drawn from the noise's counters, and None for the
-    weights, as transformers' ``sdpa`` returns; ``bam_pyro.fused.set_fused(model, False)`` keeps
+    weights, as transformers' ``sdpa`` returns; ``bam_pyro.attention.set_fused(model, False)`` keeps
     the materialized path and its weights.
     """
     bam = getattr(module, BAM_ATTRIBUTE, None)

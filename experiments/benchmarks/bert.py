@@ -73,7 +73,8 @@ def _training_step(variant: str, model: str, layers: int, batch: int, length: in
     import torch
 
     from bam_pyro import AttentionGuide, BamConfig, ObjectiveConfig
-    from bam_pyro.fused import compile_noise, set_fused
+    from bam_pyro.attention import set_fused
+    from bam_pyro.fused import compile_noise
     from bam_pyro.training import SVITrainer, seed_everything
     from bam_pyro.transformers import build_sequence_model
 
