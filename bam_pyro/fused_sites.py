@@ -71,21 +71,17 @@ class DotProductCall:
         """The attention output ``[*draws, *batch, H, Lq, dv]`` of the q draw of ``seeds``."""
         draws = torch.broadcast_shapes(seeds.shape, self.sample_shape)
         lead = draws + self.map_shape[:-3]
-        heads, num_queries, num_keys = self.map_shape[-3:]
+        heads, num_queries = self.map_shape[-3:-1]
         flat = [x.expand(*lead, *x.shape[-3:]).reshape(-1, *x.shape[-3:]) for x in (self.query, self.key, self.value)]
         batch = math.prod(self.map_shape[:-3])
         row_keys = noise.row_keys(seeds.expand(draws), batch, heads)
-        key_mask = None if self.key_mask is None else self._flat_mask(self.key_mask, lead, heads, num_keys)
+        key_mask = None
+        if self.key_mask is not None:  # [*batch, 1 or H, 1, Lk] -> [N, 1 or H, 1, Lk]
+            key_mask = self.key_mask.expand(*lead, *self.key_mask.shape[-3:]).reshape(-1, *self.key_mask.shape[-3:])
         out, lse = bayesian_dot_attention(*flat, row_keys, self.config.family, k=self.config.k, sigma=self.config.sigma_q,
                                           key_mask=key_mask, causal=self.causal, dropout=self.dropout)
         self.lse = lse.reshape(*lead, heads, num_queries)
         return out.reshape(*lead, heads, num_queries, -1)
-
-    @staticmethod
-    def _flat_mask(mask: Tensor, lead: torch.Size, heads: int, num_keys: int) -> Tensor:
-        """A ``[*batch, 1 or H, 1, Lk]`` mask as ``[N or 1, 1 or H, 1, Lk]`` for the flattened inputs."""
-        mask = mask.expand(*lead, *mask.shape[-3:])
-        return mask.reshape(-1, *mask.shape[-3:])
 
     # --- the site ----------------------------------------------------------------------------
     def num_valid(self) -> int:
