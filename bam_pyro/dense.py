@@ -12,6 +12,9 @@ from .config import BamConfig
 from .scoring import make_score
 from .validation import whole_number
 
+#: the factor that turns ``q . k`` into each score function that is a dot product (the fused path's)
+DOT_SCALES = {"dot": lambda head_dim: 1.0, "scaled_dot": lambda head_dim: head_dim**-0.5}
+
 
 class MultiHeadBayesianAttention(nn.Module):
     """Multi-head attention whose weights are Bayesian attention (self or cross attention).
@@ -21,6 +24,11 @@ class MultiHeadBayesianAttention(nn.Module):
     ``[..., Lq]``, True for valid queries (padded queries' rows carry no KL, see
     :class:`~bam_pyro.axes.DenseKeys`; their outputs are the caller's to ignore). Returns
     ``[..., Lq, d_model]`` and the attention weights ``[..., heads, Lq, Lk]``.
+
+    ``need_weights=False`` returns None for the weights and, with dot-product scores, takes the
+    fused path (:meth:`BayesianAttention.attend`, no attention map in memory) unless it is
+    switched off (:func:`bam_pyro.attention.set_fused`); asking for the weights materializes them, as
+    PyTorch's ``nn.MultiheadAttention`` does.
 
     ``batch_dims``: the number of data-batch dims before the length (1: ``[batch, length,
     features]``). They join the attention site's event (a mask carries them itself); dims before
@@ -49,6 +57,7 @@ class MultiHeadBayesianAttention(nn.Module):
         self.value_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         self.score = make_score(score, num_heads, self.head_dim)
+        self.score_scale = DOT_SCALES.get(score, lambda d: None)(self.head_dim)
         self.attention = BayesianAttention(config, num_heads, self.head_dim)
         self.dropout = nn.Dropout(dropout)
 
@@ -57,8 +66,8 @@ class MultiHeadBayesianAttention(nn.Module):
 
     def forward(
         self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor] = None,
-        query_padding_mask: Optional[Tensor] = None,
-    ) -> tuple[Tensor, Tensor]:
+        query_padding_mask: Optional[Tensor] = None, need_weights: bool = True,
+    ) -> tuple[Tensor, Optional[Tensor]]:
         if key.shape[:-1] != value.shape[:-1]:
             raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} differ in length")
         q, k, v = self._heads(self.query_proj(query)), self._heads(self.key_proj(key)), self._heads(self.value_proj(value))
@@ -69,10 +78,16 @@ class MultiHeadBayesianAttention(nn.Module):
         if query_padding_mask is not None:
             _check_padding_mask("query", query_padding_mask, query)
             query_mask = query_padding_mask[..., None, :, None]
-        axis = DenseKeys(mask, batch_shape=key.shape[max(key.dim() - 2 - self.batch_dims, 0) : -2], query_mask=query_mask)
+        batch_shape = key.shape[max(key.dim() - 2 - self.batch_dims, 0) : -2]
+        if not need_weights and self.score_scale is not None and self.attention.uses_fused_path():
+            dropout = self.dropout.p if self.training else 0.0
+            out = self.attention.attend(q * self.score_scale, k, v, keys=k.transpose(-2, -3), key_mask=mask,
+                                        query_mask=query_mask, batch_dims=len(batch_shape), dropout=dropout)
+            return self.out_proj(out.transpose(-2, -3).flatten(-2)), None
+        axis = DenseKeys(mask, batch_shape=batch_shape, query_mask=query_mask)
         weights = self.attention(self.score(q, k), k.transpose(-2, -3), axis)
         out = self.dropout(weights) @ v  # [..., H, Lq, d]
-        return self.out_proj(out.transpose(-2, -3).flatten(-2)), weights
+        return self.out_proj(out.transpose(-2, -3).flatten(-2)), weights if need_weights else None
 
 
 def _check_padding_mask(role: str, mask: Tensor, inputs: Tensor) -> None:

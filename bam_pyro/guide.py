@@ -21,7 +21,6 @@ from typing import Any
 import pyro.distributions as dist
 from pyro.poutine.guide import GuideMessenger
 
-from .distributions import variational_distribution
 from .model import TARGET
 from .sites import SITE_INFO
 
@@ -50,7 +49,7 @@ class AttentionGuide(GuideMessenger):
     def get_posterior(self, name: str, prior: dist.TorchDistribution) -> Any:
         site = self._infer.get(SITE_INFO)
         if site is not None:
-            return site.as_site_distribution(variational_distribution(site.phi, site.config))
+            return site.posterior()
         if self._infer.get(TARGET):
             return prior
         return self.get_other_posterior(name, prior)

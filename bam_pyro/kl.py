@@ -11,6 +11,7 @@ against sigma_q from 1e-15 to :data:`~bam_pyro.config.MAX_SIGMA_Q`).
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -174,3 +175,49 @@ def summed_kl_lognormal_lognormal(q: LogNormal, p: LogNormal, mask: Optional[Ten
     torch's ``kl_divergence`` dispatch, the generic route, is code ``torch.compile`` stops at."""
     kl = kl_lognormal_lognormal(q, p)
     return event_sum(kl if mask is None else kl.masked_fill(~mask, 0.0), event_dim)
+
+
+# Row-wise closed forms for the fused path (bam_pyro.fused_sites): the KL of one query's row of
+# entries from row statistics, without the map. Row i has the valid keys V_i (n_i of them), scores
+# s_ij and Phi_ij = s_ij - lse_i with lse_i = logsumexp over V_i. The fused path takes Phi exactly,
+# without the materialized path's floor log(p + 1e-20), so the two differ only where an attention
+# weight is below 1e-20 (by alpha * the log of the floor's share, per such entry).
+
+
+def weibull_gamma_row_kl(lse: Tensor, alpha_sum: Tensor, alpha_score_sum: Tensor, constant_sum: Tensor,
+                         beta: float, has_keys: Tensor) -> Tensor:
+    """Sum over a row of KL(Weibull(k, exp(Phi) / Gamma(1 + 1/k)) || Gamma(alpha_ij, beta)).
+
+    With the entry-wise KL ``c(alpha) - alpha * Phi + beta * exp(Phi)`` (:func:`kl_mean_weibull_gamma`,
+    ``c`` the terms of alpha alone, with ``lgamma(1 + 1/k)``), a row needs
+
+        sum_j c(alpha_ij)  -  sum_j alpha_ij s_ij  +  lse_i * sum_j alpha_ij  +  beta
+
+    (``sum_j exp(Phi_ij) = 1``): ``constant_sum`` = sum_j c(alpha_ij), ``alpha_score_sum`` = sum_j
+    alpha_ij s_ij (for dot-product scores ``q_i . sum_j alpha_ij k_j``), ``alpha_sum`` = sum_j
+    alpha_ij. ``has_keys``: 1 for rows with a valid key, else 0 (their terms are all zero).
+
+    float32: ``lse_i * sum alpha`` and ``sum alpha s`` are of the size of the scores times
+    ``sum alpha`` and cancel down to the KL's alpha * Phi part; with alpha ~ beta * Psi that is
+    no worse than the entry-wise form. The callers sum in float64.
+    """
+    return constant_sum - alpha_score_sum + lse * alpha_sum + beta * has_keys
+
+
+def lognormal_row_kl(lse: Tensor, count: Tensor, score_sum: Tensor, square_sum: Tensor, score_mu_sum: Tensor,
+                     mu_sum: Tensor, mu_square_sum: Tensor, sigma_q: float, sigma_p: float) -> Tensor:
+    """Sum over a row of KL(LogNormal(Phi - sigma_q^2/2, sigma_q) || LogNormal(mu_ij, sigma_p)).
+
+    Entry-wise (:func:`kl_lognormal_lognormal`): ``log(sigma_p/sigma_q) + sigma_q^2/(2 sigma_p^2) - 1/2
+    + (s_ij - mu_ij - a_i)^2 / (2 sigma_p^2)`` with ``a_i = lse_i + sigma_q^2/2``; the square expands
+    into the row sums ``score_sum`` = sum_j s_ij (``q_i . sum_j k_j``), ``square_sum`` = sum_j s_ij^2
+    (``q_i^T (sum_j k_j k_j^T) q_i``), ``score_mu_sum`` = sum_j s_ij mu_ij, ``mu_sum``,
+    ``mu_square_sum`` and ``count`` = n_i.
+
+    float32: the expansion cancels terms of size n_i * a_i^2 down to the spread of Phi; the callers
+    sum in float64, where at n_i = 10^5 and |a_i| ~ 30 the KL keeps about 8 digits.
+    """
+    shift = lse + 0.5 * sigma_q**2
+    squares = (square_sum - 2 * score_mu_sum + mu_square_sum) - 2 * shift * (score_sum - mu_sum) + count * shift.square()
+    constant = math.log(sigma_p) - math.log(sigma_q) + 0.5 * (sigma_q / sigma_p) ** 2 - 0.5
+    return count * constant + squares * (0.5 / sigma_p**2)

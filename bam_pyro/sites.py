@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from .attention_map import AttentionMap
 from .axes import AttentionAxis
 from .config import BamConfig
+from .distributions import variational_distribution
 
 #: key of the site's ``infer`` dict that carries what the guide needs
 SITE_INFO = "bam_attention"
@@ -55,6 +56,19 @@ class AttentionSiteInfo:
     def as_site_distribution(self, fn: dist.TorchDistribution) -> AttentionMap:
         """The site's distribution from an element-wise one: one event, invalid entries masked."""
         return AttentionMap(fn, self.mask, self.event_dim)
+
+    def posterior(self) -> AttentionMap:
+        """q(S | Phi), the guide's distribution at the site."""
+        return self.as_site_distribution(variational_distribution(self.phi, self.config))
+
+    def num_valid(self, axis: AttentionAxis) -> Union[int, Tensor]:
+        """Valid entries of one map (the KL's count under the ``mean`` reduction)."""
+        return axis.num_valid(self.phi)
+
+    @property
+    def kl_dtype(self) -> torch.dtype:
+        """The dtype the site's KL comes in (that of Phi)."""
+        return self.phi.dtype
 
 
 @dataclass
@@ -83,7 +97,7 @@ class AttentionSites:
     def sample(self, name: str, prior: dist.TorchDistribution, info: AttentionSiteInfo, axis: AttentionAxis) -> Tensor:
         scale = self.kl_scale
         if self.mean_over_sites is not None:
-            scale = mean_scale(scale, self.mean_over_sites, axis.num_valid(info.phi), info.phi.dtype)
+            scale = mean_scale(scale, self.mean_over_sites, info.num_valid(axis), info.kl_dtype)
         with poutine.scale(scale=scale):
             return pyro.sample(name, info.as_site_distribution(prior), infer={SITE_INFO: info})
 

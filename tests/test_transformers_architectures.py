@@ -18,6 +18,7 @@ from transformers import (
 )
 
 from bam_pyro import AttentionGuide, BamConfig, BamModel, ObjectiveConfig
+from bam_pyro.attention import set_fused
 from bam_pyro.sites import SITE_INFO
 from bam_pyro.transformers import BAM_ATTRIBUTE, bam_attention_forward, to_bam
 from bam_pyro.transformers.convert import attach_bayesian_attention, calls_attention_interface
@@ -99,7 +100,7 @@ def test_cross_attention_keeps_every_decoder_query_whatever_the_encoders_padding
     """Decoder and encoder of equal length: the encoder's padding masks cross-attention's keys, not
     its queries (decoder positions), which all count in the KL; the encoder's self-attention drops
     its padded queries."""
-    bam_model = NextTokens(Seq2SeqNetwork(to_bam(make(), WC)), ObjectiveConfig())
+    bam_model = NextTokens(Seq2SeqNetwork(set_fused(to_bam(make(), WC), False)), ObjectiveConfig())  # entry masks to read
     bam_model.train()
     ids, mask, _ = batch()
     decoder_ids = torch.randint(3, 60, ids.shape)  # as long as the source

@@ -13,6 +13,7 @@ from transformers import (
 
 from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.elbo import AttentionMeanFieldELBO
+from bam_pyro.attention import set_fused
 from bam_pyro.sites import SITE_INFO
 from bam_pyro.training import SVITrainer
 from bam_pyro import AttentionGuide
@@ -129,7 +130,9 @@ def test_prior_over_all_keys_is_the_per_query_prior_under_key_padding():
 
 
 def test_padding_changes_nothing_and_gets_zero_weight_and_kl():
-    bam_model = build_sequence_model(tiny_bert(), 3, WC, ObjectiveConfig())
+    """On the materialized path (entry-wise KLs and weights to look at; the fused path's KL is
+    checked against it in tests/test_fused.py)."""
+    bam_model = set_fused(build_sequence_model(tiny_bert(), 3, WC, ObjectiveConfig()), False)
     ids, mask = padded_batch()
     other = ids.clone()
     other[1, 4:] = 7  # different tokens at padded positions
@@ -224,8 +227,10 @@ def test_output_attentions_are_the_bayesian_weights():
     eager = copy.deepcopy(model)
     eager.set_attn_implementation("eager")
     with torch.no_grad():
-        returned = model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+        assert model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions == ()  # fused: none, as sdpa
+        returned = set_fused(model, False)(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
         expected = eager(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+    assert len(returned) == len(expected) == 2
     for got, weights in zip(returned, expected):
         torch.testing.assert_close(got, weights)
 

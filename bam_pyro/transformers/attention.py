@@ -7,7 +7,7 @@ transformers routes every attention call, self- and cross-attention, through
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -83,6 +83,12 @@ def bam_attention_forward(
     The scores before Phi are those of the model's eager attention: the scaled dot products, soft-
     capped (Gemma 2's ``softcap``), plus an additive ``position_bias`` (T5's relative positions;
     ``[B or 1, H, Lq, Lk]``).
+
+    Without soft-capping or a position bias, and with a mask :func:`fused_layout` reads (none, key
+    padding, causal), the call takes the fused path (:meth:`~bam_pyro.BayesianAttention.attend`): no
+    attention map in memory, attention dropout drawn from the noise's counters, and None for the
+    weights, as transformers' ``sdpa`` returns; ``bam_pyro.attention.set_fused(model, False)`` keeps
+    the materialized path and its weights.
     """
     bam = getattr(module, BAM_ATTRIBUTE, None)
     if bam is None:
@@ -98,21 +104,64 @@ def bam_attention_forward(
     if key.size(1) != query.size(1):  # grouped-query attention: each key/value head serves a group of query heads
         groups = query.size(1) // key.size(1)
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    keys = key.transpose(1, 2)
+    queries_are_keys = not getattr(module, "is_decoder", False)
+    replay = active_replay() if bam.config.stochastic else None
+    layout = fused_layout(attention_mask, query.size(-2), key.size(-2), queries_are_keys)
+    if softcap is None and position_bias is None and layout is not None and bam.uses_fused_path():
+        # the fused path: no attention map; the weights are not returned (as with sdpa)
+        def attend() -> Tensor:
+            return bam.attend(query * scaling, key, value, keys=keys, key_mask=layout.key_mask,
+                              query_mask=layout.query_mask, causal=layout.causal,
+                              dropout=dropout if module.training else 0.0)
+
+        output = attend() if replay is None else replay.attend(attend, query, query.shape[:-1] + value.shape[-1:])
+        return output.transpose(1, 2).contiguous(), None
     scores = torch.matmul(query * scaling, key.transpose(-1, -2))  # scaled before: 4x fewer entries
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
     if position_bias is not None:
         scores = scores + position_bias
     # cross-attention modules are decoder modules; a decoder's self-attention is causal, never key padding
-    axis = SequenceKeys(attention_mask, query.size(0), queries_are_keys=not getattr(module, "is_decoder", False))
-    keys = key.transpose(1, 2)
-    replay = active_replay() if bam.config.stochastic else None
+    axis = SequenceKeys(attention_mask, query.size(0), queries_are_keys=queries_are_keys)
     if replay is None:
         weights = bam(scores, keys, axis)
     else:  # inside a checkpointed layer: drawn once, replayed by the recomputation
-        weights = replay.attend(lambda: bam(scores, keys, axis), scores)
+        weights = replay.attend(lambda: bam(scores, keys, axis), scores, scores.shape)
     output = torch.matmul(F.dropout(weights, p=dropout, training=module.training), value)
     return output.transpose(1, 2).contiguous(), weights
+
+
+class FusedLayout(NamedTuple):
+    """A transformers mask in the fused path's terms: key padding ``[B, 1, 1, Lk]``, the valid
+    queries of the site ``[B, 1, Lq, 1]`` (or None) and causality."""
+
+    key_mask: Optional[Tensor]
+    query_mask: Optional[Tensor]
+    causal: bool
+
+
+def fused_layout(mask: Optional[Tensor], num_queries: int, num_keys: int, queries_are_keys: bool) -> Optional[FusedLayout]:
+    """The layout of a transformers boolean mask ``[B, 1, Lq, Lk]`` if the fused path can run it: no
+    mask, key padding (every row alike; the padded positions are queries too where
+    ``queries_are_keys``, as in :class:`SequenceKeys`), or causal with key padding (``Lq == Lk``).
+    None for any other mask (sliding windows, caches, custom masks): the materialized path runs it.
+    Telling them apart reads the mask once (it is in memory already)."""
+    if mask is None:
+        return FusedLayout(None, None, False)
+    if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[-1] != num_keys:
+        return None
+    first_row = mask[..., :1, :]
+    if bool((mask == first_row).all()):
+        query_mask = first_row.transpose(-1, -2) if queries_are_keys and num_queries == num_keys else None
+        return FusedLayout(first_row, query_mask, False)
+    if num_queries != num_keys:
+        return None
+    last_row = mask[..., -1:, :]  # under a causal mask the last query sees every valid key
+    causal = torch.ones(num_queries, num_keys, dtype=torch.bool, device=mask.device).tril()
+    if bool((mask == (causal & last_row)).all()):
+        return FusedLayout(last_row, None, True)
+    return None
 
 
 def bam_mask(*args: Any, **kwargs: Any) -> Optional[Tensor]:

@@ -19,6 +19,10 @@ computed in the forward pass instead of dropping it, and the recomputation repla
   where the forward pass left it, so that the dropout masks drawn after it are the forward
   pass's too. No site is declared and no noise is drawn.
 
+On the fused path (:mod:`bam_pyro.fused`) a call keeps its queries, keys and values instead of a
+map, and what is replayed is its output; the noise needs no record: the fused backward pass
+regenerates it from the seed the site drew.
+
 Everything else in the layer is recomputed as usual, and the gradients are those of the
 uncheckpointed model. This needs checkpointing without reentrant autograd: reentrant
 checkpointing runs the forward pass under ``torch.no_grad()``, so the KL read from the trace
@@ -87,30 +91,34 @@ class AttentionReplay:
             self._generators.clear()
             self.recorded = True
 
-    def attend(self, attention: Callable[[], Tensor], scores: Tensor) -> Tensor:
-        """The weights of one Bayesian attention call: ``attention()`` when recording, the
-        recorded weights when replaying. ``scores`` tells the device and checks the replay."""
+    def attend(self, attention: Callable[[], Tensor], like: Tensor, shape: torch.Size) -> Tensor:
+        """The result of one Bayesian attention call (its weights, or on the fused path its output):
+        ``attention()`` when recording, the recorded result when replaying. ``like`` (the scores or
+        the queries) tells the device and whether the result needs a gradient; ``shape``, the
+        result's, checks the replay. On the fused path the forward pass keeps the call's inputs
+        (queries, keys, values, not a map) and the backward pass regenerates its noise from the
+        seed it recorded, so the replay only hands back the output."""
         if self.position is None:
             with torch.autograd.graph.saved_tensors_hooks(_keep, _unpack):
                 weights = attention()
             # the values only: a recomputation only supplies saved values to the forward pass's
             # graph, and a reference to that graph from here would close a cycle through
             # autograd's C++ nodes (graph -> checkpoint -> this record) that no collector frees
-            self.calls.append((weights.detach(), _rng_state(scores.device)))
+            self.calls.append((weights.detach(), _rng_state(like.device)))
             return weights
         if self.position >= len(self.calls):
             raise RuntimeError("the recomputation of a checkpointed layer called Bayesian attention more often than its forward pass")
         weights, state = self.calls[self.position]
         self.position += 1
-        if weights.shape != scores.shape:
+        if weights.shape != shape:
             raise RuntimeError(
-                f"the recomputation of a checkpointed layer called Bayesian attention with scores {tuple(scores.shape)} "
+                f"the recomputation of a checkpointed layer called Bayesian attention for a result of shape {tuple(shape)} "
                 f"where its forward pass had {tuple(weights.shape)}"
             )
-        self._generators.setdefault(scores.device, _rng_state(scores.device))
-        _set_rng_state(scores.device, state)
+        self._generators.setdefault(like.device, _rng_state(like.device))
+        _set_rng_state(like.device, state)
         # as in the forward pass, the ops that follow save what a tensor that needs a gradient needs
-        return weights.detach().requires_grad_(scores.requires_grad)
+        return weights.detach().requires_grad_(like.requires_grad)
 
 
 class _Regions(threading.local):

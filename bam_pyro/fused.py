@@ -1,0 +1,228 @@
+"""Fused Bayesian attention: ``softmax(scores + noise) @ V`` without an attention map in memory.
+
+For dot-product scores both variational families are the scores plus i.i.d. noise in log space
+(the constants that do not depend on the key cancel in the normalization):
+
+    Weibull(k):      W = softmax(scores + g / k),      g = log(-log u)
+    Lognormal(sigma): W = softmax(scores + sigma * eps), eps ~ N(0, 1)
+
+so attention can run as softmax attention does, block by block. The noise comes from
+:mod:`bam_pyro.noise`, a pure function of (seed, batch item, head, query, key), so the backward
+pass draws it again instead of keeping it. The function also returns each query's
+``logsumexp_j(scores_ij)`` (of the clean scores), with its gradient: the row-wise closed-form KLs
+(:mod:`bam_pyro.kl`) need nothing else from the map.
+
+Two routes:
+
+- :func:`chunked_attention` (any device): a ``torch.autograd.Function`` over chunks of queries.
+  Forward: per chunk, the scores, the noisy softmax, its product with V and the clean
+  log-normalizer. Backward: per chunk, the same scores and noise again, then the gradients of
+  Q, K and V as in FlashAttention's backward, plus the clean softmax times the normalizer's
+  gradient. Memory: Q, K, V, the output and two numbers per query, plus one chunk of entries.
+  Attention dropout is drawn from the same counters (a second stream), so it replays too.
+- :func:`flex_attention_route` (CUDA): FlexAttention with a ``score_mod`` that adds the hashed
+  noise, forward and backward, and a second call without noise for the clean normalizer. No
+  attention dropout (FlexAttention has none); torch 2.13's FlexAttention has no CPU backward.
+
+:func:`bayesian_dot_attention` picks the route.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import noise
+
+#: entries of one chunk of queries ``[N, H, chunk, Lk]``, about 4 MB in float32
+CHUNK_ENTRIES = 2**20
+
+
+def chunk_size_for(batch_heads: int, num_keys: int, entries: int = CHUNK_ENTRIES) -> int:
+    """Queries per chunk so that a chunk holds about ``entries`` attention entries."""
+    return max(1, entries // max(1, batch_heads * num_keys))
+
+
+class _Chunks:
+    """What forward and backward share: the inputs' geometry, how to rebuild one chunk's scores,
+    validity and noise."""
+
+    def __init__(self, query: Tensor, key: Tensor, row_keys: Tensor, family: str, k: float, sigma: float,
+                 key_mask: Optional[Tensor], causal: bool, dropout: float, chunk: int) -> None:
+        self.row_keys, self.family, self.k, self.sigma = row_keys, family, k, sigma
+        self.key_mask, self.causal, self.dropout, self.chunk = key_mask, causal, dropout, chunk
+        self.num_queries, self.num_keys = query.shape[-2], key.shape[-2]
+        self.key_index = torch.arange(self.num_keys, device=query.device)
+
+    def ranges(self):
+        return ((start, min(start + self.chunk, self.num_queries)) for start in range(0, self.num_queries, self.chunk))
+
+    def valid(self, start: int, stop: int) -> Optional[Tensor]:
+        """Boolean ``[.., chunk or 1, Lk]`` of valid entries, or None if all are."""
+        valid = self.key_mask
+        if self.causal:
+            rows = torch.arange(start, stop, device=self.key_index.device)
+            causal = self.key_index <= rows[:, None]
+            valid = causal if valid is None else valid & causal
+        return valid
+
+    def noisy(self, scores: Tensor, start: int, stop: int) -> tuple[Tensor, Optional[Tensor]]:
+        """scores + noise of the chunk, and the dropout keep-mask scaled by 1 / (1 - p) (or None)."""
+        rows = torch.arange(start, stop, device=scores.device)
+        drawn, kept = _draw(self.row_keys, rows, self.key_index, self.family, self.k, self.sigma, self.dropout, scores.dtype)
+        return scores + drawn, kept
+
+
+def chunk_noise(row_keys: Tensor, rows: Tensor, key_index: Tensor, family: str, k: float, sigma: float, dropout: float,
+                dtype: torch.dtype) -> tuple[Tensor, Optional[Tensor]]:
+    """The noise ``[N, H, rows, keys]`` of a chunk of queries and its dropout keep-mask scaled by
+    ``1 / (1 - dropout)`` (None without dropout): the element-wise chain that
+    :func:`compile_noise` hands to Inductor."""
+    query_keys = noise.query_keys(row_keys, rows)[..., None]
+    drawn = noise.log_noise(noise.entry_bits(query_keys, key_index), family, k, sigma, dtype)
+    if not dropout:
+        return drawn, None
+    kept = noise.uniform(noise.entry_bits(query_keys, key_index, noise.DROPOUT_STREAM), dtype) >= dropout
+    return drawn, kept.to(dtype) / (1.0 - dropout)
+
+
+_draw = chunk_noise
+
+
+def compile_noise(enabled: bool = True) -> None:
+    """Draw the chunked route's noise through ``torch.compile`` (Inductor fuses the hash, the
+    logarithms and the dropout test into one loop; on CPU about 7x faster than the eager ops) or,
+    with ``enabled=False``, eagerly (the default: compiling takes one to a few minutes the first
+    time in a process, cached on disk after). The compiled logarithms may differ from the eager
+    ones in the last bit; forward and backward use the same function, so a draw stays one draw."""
+    global _draw
+    _draw = torch.compile(chunk_noise, dynamic=True) if enabled else chunk_noise
+
+
+def _masked(values: Tensor, valid: Optional[Tensor]) -> Tensor:
+    return values if valid is None else values.masked_fill(~valid, torch.finfo(values.dtype).min)
+
+
+def _has_keys(valid: Optional[Tensor]) -> Optional[Tensor]:
+    """``[.., chunk or 1, 1]``: rows with at least one valid key (None: all rows have)."""
+    return None if valid is None else valid.any(dim=-1, keepdim=True)
+
+
+def _zero_empty(values: Tensor, has_keys: Optional[Tensor]) -> Tensor:
+    return values if has_keys is None else values * has_keys
+
+
+class _ChunkedAttention(torch.autograd.Function):
+    """(Q, K, V) -> (softmax(QK^T + noise) @ V, logsumexp(QK^T)) chunk by chunk, noise regenerated."""
+
+    @staticmethod
+    def forward(ctx, query: Tensor, key: Tensor, value: Tensor, chunks: _Chunks) -> tuple[Tensor, Tensor]:
+        outputs, normalizers = [], []
+        for start, stop in chunks.ranges():
+            scores = query[..., start:stop, :] @ key.transpose(-1, -2)
+            valid = chunks.valid(start, stop)
+            has_keys = _has_keys(valid)
+            noisy, kept = chunks.noisy(scores, start, stop)
+            weights = _zero_empty(torch.softmax(_masked(noisy, valid), dim=-1), has_keys)
+            if kept is not None:
+                weights = weights * kept
+            outputs.append(weights @ value)
+            lse = torch.logsumexp(_masked(scores, valid), dim=-1, keepdim=True)
+            normalizers.append(_zero_empty(lse, has_keys).squeeze(-1))
+        out, lse = torch.cat(outputs, dim=-2), torch.cat(normalizers, dim=-1)
+        ctx.chunks = chunks
+        ctx.save_for_backward(query, key, value)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor, grad_lse: Tensor):
+        query, key, value = ctx.saved_tensors
+        chunks: _Chunks = ctx.chunks
+        grad_query = torch.empty_like(query)
+        grad_key = torch.zeros(torch.broadcast_shapes(key.shape[:-2], query.shape[:-2]) + key.shape[-2:],
+                               dtype=key.dtype, device=key.device)
+        grad_value = torch.zeros(grad_key.shape[:-1] + value.shape[-1:], dtype=value.dtype, device=value.device)
+        for start, stop in chunks.ranges():
+            q = query[..., start:stop, :]
+            scores = q @ key.transpose(-1, -2)
+            valid = chunks.valid(start, stop)
+            has_keys = _has_keys(valid)
+            noisy, kept = chunks.noisy(scores, start, stop)
+            weights = _zero_empty(torch.softmax(_masked(noisy, valid), dim=-1), has_keys)
+            g_out = grad_out[..., start:stop, :]
+            grad_weights = g_out @ value.transpose(-1, -2)  # d loss / d (dropped weights)
+            if kept is not None:
+                grad_value += (weights * kept).transpose(-1, -2) @ g_out
+                grad_weights = grad_weights * kept
+            else:
+                grad_value += weights.transpose(-1, -2) @ g_out
+            # softmax backward, plus the clean softmax times the normalizer's gradient
+            rows = (grad_weights * weights).sum(dim=-1, keepdim=True)
+            grad_scores = weights * (grad_weights - rows)
+            clean = _zero_empty(torch.softmax(_masked(scores, valid), dim=-1), has_keys)
+            grad_scores = torch.addcmul(grad_scores, clean, grad_lse[..., start:stop, None])
+            grad_query[..., start:stop, :] = grad_scores @ key
+            grad_key += grad_scores.transpose(-1, -2) @ q
+        return (grad_query, grad_key.sum_to_size(key.shape), grad_value.sum_to_size(value.shape), None)
+
+
+def chunked_attention(query: Tensor, key: Tensor, value: Tensor, row_keys: Tensor, family: str, *, k: float = 1.0,
+                      sigma: float = 1.0, key_mask: Optional[Tensor] = None, causal: bool = False,
+                      dropout: float = 0.0, chunk: Optional[int] = None) -> tuple[Tensor, Tensor]:
+    """Bayesian dot-product attention by chunks of queries (see the module doc).
+
+    ``query`` ``[N, H, Lq, d]`` (already scaled), ``key``/``value`` ``[N, H, Lk, d]``;
+    ``row_keys`` ``[N, H]`` int32 from :func:`bam_pyro.noise.row_keys`; ``key_mask``: boolean
+    ``[N or 1, H or 1, 1, Lk]``, True = valid key; ``causal``: query i sees keys j <= i (top-left
+    aligned, as ``scaled_dot_product_attention``'s ``is_causal``). Returns the output
+    ``[N, H, Lq, dv]`` and the clean log-normalizer ``[N, H, Lq]`` (0 for queries without keys,
+    whose output is 0)."""
+    if key_mask is not None and key_mask.shape[-2] != 1:
+        raise ValueError(f"key_mask must be a key padding mask [..., 1, Lk], got shape {tuple(key_mask.shape)}")
+    if chunk is None:
+        chunk = chunk_size_for(query.shape[:-2].numel(), key.shape[-2])
+    chunks = _Chunks(query, key, row_keys, family, k, sigma, key_mask, causal, dropout, chunk)
+    return _ChunkedAttention.apply(query, key, value, chunks)
+
+
+def flex_attention_route(query: Tensor, key: Tensor, value: Tensor, row_keys: Tensor, family: str, *, k: float = 1.0,
+                         sigma: float = 1.0, key_mask: Optional[Tensor] = None, causal: bool = False) -> tuple[Tensor, Tensor]:
+    """The same as :func:`chunked_attention` (without dropout) through FlexAttention, for CUDA:
+    one call adds the hashed noise in a ``score_mod`` (forward and backward regenerate it), a
+    second one without noise gives the clean log-normalizer and its gradient."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    batch, heads, num_queries, num_keys = query.shape[0], query.shape[1], query.shape[-2], key.shape[-2]
+    rows = noise.query_keys(row_keys, torch.arange(num_queries, device=query.device))  # [N, H, Lq]
+
+    def add_noise(score, b, h, q_idx, kv_idx):
+        bits = noise.entry_bits(rows[b, h, q_idx], kv_idx)
+        return score + noise.log_noise(bits, family, k, sigma, score.dtype)
+
+    block_mask = None
+    if key_mask is not None or causal:
+        padding = None if key_mask is None else key_mask.expand(batch, heads, 1, num_keys)[:, :, 0, :]
+
+        def valid(b, h, q_idx, kv_idx):
+            keep = (kv_idx <= q_idx) if causal else (kv_idx >= 0)
+            return keep if padding is None else keep & padding[b, h, kv_idx]
+
+        block_mask = create_block_mask(valid, batch, heads, num_queries, num_keys, device=query.device)
+    out = flex_attention(query, key, value, score_mod=add_noise, block_mask=block_mask, scale=1.0)
+    _, lse = flex_attention(query, key, value, block_mask=block_mask, scale=1.0, return_lse=True)
+    if key_mask is not None or causal:  # rows without keys: output 0 (FlexAttention's), normalizer 0
+        lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    return out, lse
+
+
+def bayesian_dot_attention(query: Tensor, key: Tensor, value: Tensor, row_keys: Tensor, family: str, *,
+                           k: float = 1.0, sigma: float = 1.0, key_mask: Optional[Tensor] = None,
+                           causal: bool = False, dropout: float = 0.0) -> tuple[Tensor, Tensor]:
+    """FlexAttention on CUDA without dropout, the chunked function otherwise (same arguments)."""
+    if query.is_cuda and not dropout:
+        return flex_attention_route(query, key, value, row_keys, family, k=k, sigma=sigma, key_mask=key_mask, causal=causal)
+    return chunked_attention(query, key, value, row_keys, family, k=k, sigma=sigma, key_mask=key_mask,
+                             causal=causal, dropout=dropout)
+

@@ -1,0 +1,395 @@
+"""One fused attention call as one Pyro sample site: its value is the call's noise seed.
+
+On the fused path (:mod:`bam_pyro.fused`) the attention weights never exist as a tensor, so the
+site cannot hold them. It holds what determines them instead: the int64 seed of the counter-based
+noise (:mod:`bam_pyro.noise`), one per draw. Given the scores, the seed fixes every weight of the
+call, so q(seed) is q(S | Phi) written through its noise, as a reparameterized sample is:
+
+- the guide's q (:class:`FusedPosterior`) draws a seed from torch's generator
+  (``pyro.set_rng_seed`` and restored RNG states reproduce it) and is reparameterized: the
+  weights are a differentiable function of the scores given the seed;
+- the model's prior (:class:`FusedPrior`) has no counter-based sampler (Gamma draws need
+  rejection); without a guide it samples a full map S from the materialized prior, and the
+  layer normalizes it, as on the materialized path;
+- their KL, the only term ``TraceMeanField_ELBO`` reads at these sites, is the closed form of
+  :func:`bam_pyro.kl.weibull_gamma_row_kl` or :func:`bam_pyro.kl.lognormal_row_kl` from row
+  statistics: the clean log-normalizers that the fused attention returns and sums over the keys
+  (prefix sums under a causal mask);
+- log-densities (read by Monte Carlo ELBOs and by Pyro's validation) are those of the map that
+  the seed regenerates under the materialized distributions: exact, and a full map, computed only
+  when asked for.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import pyro.distributions as dist
+import torch
+from torch import Tensor
+from torch.distributions import constraints, register_kl
+from torch.utils.checkpoint import checkpoint
+
+from . import noise
+from .attention_map import AttentionMap
+from .axes import DenseKeys
+from .config import BamConfig
+from .distributions import MIN_GAMMA_SHAPE, variational_distribution
+from .fused import bayesian_dot_attention, chunk_size_for
+from .kl import _weibull_gamma_constant, lognormal_row_kl, weibull_gamma_row_kl
+from .normalize import LOG_FLOOR, log_normalized
+
+#: builds the prior p(S) of a materialized map from its Phi and axis (``BayesianAttention.prior``)
+PriorBuilder = Callable[[Tensor, DenseKeys], dist.TorchDistribution]
+
+
+class DotProductCall:
+    """One call of fused Bayesian attention: its inputs and everything derived from them.
+
+    ``query`` ``[*draws, *batch, H, Lq, d]`` (scaled), ``key``/``value`` ``[*draws, *batch, H, Lk, d]``
+    (draws: sample dims of the inputs, usually none); ``key_mask`` ``[*batch, 1 or H, 1, Lk]`` and
+    ``query_mask`` ``[*batch, 1 or H, Lq, 1]`` (True = valid) or None; ``causal``: query i sees keys
+    j <= i; ``batch_dims``: how many dims before the heads are the data batch (part of the site's
+    event). ``prior_logits``: per-key contextual prior logits ``[*draws, *batch, H, Lk]`` (None:
+    fixed prior); ``build_prior`` makes the materialized prior when a map is asked for.
+    """
+
+    def __init__(self, config: BamConfig, query: Tensor, key: Tensor, value: Tensor, *, key_mask: Optional[Tensor],
+                 query_mask: Optional[Tensor], causal: bool, batch_dims: int, prior_logits: Optional[Tensor],
+                 build_prior: PriorBuilder, dropout: float = 0.0) -> None:
+        self.config, self.query, self.key, self.value = config, query, key, value
+        self.key_mask, self.query_mask, self.causal = key_mask, query_mask, causal
+        self.batch_dims, self.prior_logits, self.build_prior, self.dropout = batch_dims, prior_logits, build_prior, dropout
+        self.event_dim = batch_dims + 3
+        self.sample_shape = query.shape[: query.dim() - self.event_dim]
+        self.map_shape = query.shape[len(self.sample_shape):-1] + key.shape[-2:-1]
+        self.lse: Optional[Tensor] = None  # set by attend(): the clean log-normalizer of each row
+
+    # --- attention -------------------------------------------------------------------------
+    def attend(self, seeds: Tensor) -> Tensor:
+        """The attention output ``[*draws, *batch, H, Lq, dv]`` of the q draw of ``seeds``."""
+        draws = torch.broadcast_shapes(seeds.shape, self.sample_shape)
+        lead = draws + self.map_shape[:-3]
+        heads, num_queries = self.map_shape[-3:-1]
+        flat = [x.expand(*lead, *x.shape[-3:]).reshape(-1, *x.shape[-3:]) for x in (self.query, self.key, self.value)]
+        batch = math.prod(self.map_shape[:-3])
+        row_keys = noise.row_keys(seeds.expand(draws), batch, heads)
+        key_mask = None
+        if self.key_mask is not None:  # [*batch, 1 or H, 1, Lk] -> [N, 1 or H, 1, Lk]
+            key_mask = self.key_mask.expand(*lead, *self.key_mask.shape[-3:]).reshape(-1, *self.key_mask.shape[-3:])
+        out, lse = bayesian_dot_attention(*flat, row_keys, self.config.family, k=self.config.k, sigma=self.config.sigma_q,
+                                          key_mask=key_mask, causal=self.causal, dropout=self.dropout)
+        self.lse = lse.reshape(*lead, heads, num_queries)
+        return out.reshape(*lead, heads, num_queries, -1)
+
+    # --- the site ----------------------------------------------------------------------------
+    def num_valid(self) -> Tensor:
+        """Valid entries of one map: the KL's count under the ``mean`` reduction (a 0-dim tensor on
+        the inputs' device, never read on the host)."""
+        rows = self._row_counts() * self._row_weights()
+        return rows.expand(*self.map_shape[:-1]).sum()
+
+    def kl(self) -> Tensor:
+        """KL(q || p) summed over the valid entries of the call, per draw: shape ``sample_shape``."""
+        if self.lse is None:
+            raise RuntimeError("the KL of a fused attention site is read from its attention call; call attend() first")
+        if self.config.family == "weibull":
+            rows = self._weibull_rows()
+        else:
+            rows = self._lognormal_rows()
+        rows = rows * self._row_weights()
+        return rows.sum(dim=tuple(range(-(self.event_dim - 1), 0))).to(self.query.dtype)
+
+    # --- row statistics (float64) ------------------------------------------------------------
+    def _q(self) -> Tensor:
+        return self.query.double()
+
+    def _keys_valid(self) -> Optional[Tensor]:
+        """The key mask as per-key values ``[*batch, 1 or H, Lk, 1]`` of 1 (valid) and 0."""
+        return None if self.key_mask is None else self.key_mask.transpose(-1, -2).double()
+
+    def _row_sum(self, per_key: Tensor) -> Tensor:
+        """Per-key values ``[..., Lk, r]`` summed over each query's valid keys: ``[..., Lq or 1, r]``."""
+        valid = self._keys_valid()
+        if valid is not None:
+            per_key = per_key * valid
+        if not self.causal:
+            return per_key.sum(dim=-2, keepdim=True)
+        prefix = per_key.cumsum(dim=-2)
+        num_queries, num_keys = self.map_shape[-2], self.map_shape[-1]
+        index = torch.arange(num_queries, device=prefix.device).clamp_max(num_keys - 1)
+        return prefix.index_select(-2, index)
+
+    def _row_counts(self) -> Tensor:
+        ones = torch.ones(self.map_shape[-1], 1, dtype=torch.float64, device=self.query.device)
+        return self._row_sum(ones)[..., 0]  # [..., Lq or 1]
+
+    def _row_weights(self) -> Tensor:
+        """1 for the rows of the site (a valid query with a valid key), else 0: ``[..., Lq]``."""
+        has_keys = (self._row_counts() > 0).double()
+        return has_keys if self.query_mask is None else has_keys * self.query_mask[..., 0].double()
+
+    def _dot_rows(self, per_key_vectors: Tensor) -> Tensor:
+        """``q_i . sum_{j in V_i} v_j`` for per-key vectors ``[..., Lk, d]``: ``[..., Lq]``."""
+        return (self._q() * self._row_sum(per_key_vectors)).sum(-1)
+
+    def _per_key_log_psi(self) -> Tensor:
+        """``log(Psi_j + 1e-20)`` ``[..., H, Lk, 1]``, Psi a softmax over the keys that some query
+        sees: each query's keys without a causal mask (both scopes agree there), all of the call's
+        under one (``all_keys``; a causal query i sees no key beyond i)."""
+        logits = self.prior_logits.double().unsqueeze(-1)
+        seen = None if self.key_mask is None else self.key_mask.transpose(-1, -2)
+        if self.causal and self.map_shape[-1] > self.map_shape[-2]:
+            reached = (torch.arange(self.map_shape[-1], device=logits.device) < self.map_shape[-2])[:, None]
+            seen = reached if seen is None else seen & reached
+        if seen is not None:
+            logits = logits.masked_fill(~seen, torch.finfo(torch.float64).min)
+        return torch.log(torch.softmax(logits, dim=-2) + LOG_FLOOR)
+
+    def _per_query_prior(self) -> bool:
+        """Whether the contextual prior is normalized over each query's own prefix (causal, query_keys)."""
+        return self.prior_logits is not None and self.causal and self.config.prior_scope == "query_keys"
+
+    def _prefix_log_normalizer(self) -> tuple[Tensor, Tensor, Tensor]:
+        """Per-key ``w_j = exp(l_j - m)`` ``[..., Lk, 1]``, each query's ``log sum_{j in V_i} w_j``
+        ``[..., Lq, 1]`` and m (the largest logit; float64 keeps the prefix sums from underflowing):
+        ``Psi_ij = w_j / sum_{V_i} w``, ``log Z_i = log sum_{V_i} w + m``."""
+        logits = self.prior_logits.double().unsqueeze(-1)
+        top = logits.amax(dim=-2, keepdim=True).detach()
+        weights = torch.exp(logits - top)
+        return weights, torch.log(self._row_sum(weights).clamp_min(torch.finfo(torch.float64).tiny)), top
+
+    def _weibull_rows(self) -> Tensor:
+        config = self.config
+        lse = self.lse.double()
+        keys = self.key.double()
+        k = keys.new_tensor(config.k)
+        beta = keys.new_tensor(config.beta)
+        log_mean_factor = math.lgamma(1.0 + 1.0 / config.k)
+        has_keys = (self._row_counts() > 0).double()
+        if self._per_query_prior():
+            weights, log_sum, _ = self._prefix_log_normalizer()
+            scale = config.beta if config.gamma_shape == "psi_beta" else 1.0
+            alpha_sum = scale * has_keys
+            alpha_score_sum = scale * self._dot_rows(weights * keys) / torch.exp(log_sum[..., 0])
+            constant_sum = self._prefix_constant_sums(weights.squeeze(-1), log_sum, k, beta, log_mean_factor)
+        else:
+            if self.prior_logits is None:
+                alpha = keys.new_tensor(max(config.alpha, MIN_GAMMA_SHAPE)).expand(*keys.shape[:-1], 1)
+            else:
+                log_alpha = self._per_key_log_psi() + (math.log(config.beta) if config.gamma_shape == "psi_beta" else 0.0)
+                alpha = log_alpha.clamp_min(math.log(MIN_GAMMA_SHAPE)).exp()
+            alpha_sum = self._row_sum(alpha)[..., 0]
+            alpha_score_sum = self._dot_rows(alpha * keys)
+            constant_sum = self._row_sum(_weibull_gamma_constant(k, alpha, beta, log_mean_factor))[..., 0]
+        return weibull_gamma_row_kl(lse, alpha_sum, alpha_score_sum, constant_sum, config.beta, has_keys)
+
+    def _prefix_constant_sums(self, weights: Tensor, log_sum: Tensor, k: Tensor, beta: Tensor, log_mean_factor: float) -> Tensor:
+        """sum_{j in V_i} c(alpha_ij) with ``alpha_ij = beta * e^{l_j} / Z_i`` (or without beta): lgamma
+        keeps it from splitting into per-key sums, so it runs over chunks of queries, each
+        recomputed in the backward pass (memory linear in the length)."""
+        config = self.config
+        log_beta = math.log(config.beta) if config.gamma_shape == "psi_beta" else 0.0
+        num_queries, num_keys = self.map_shape[-2], self.map_shape[-1]
+        chunk = chunk_size_for(weights.shape[:-1].numel(), num_keys)
+        key_index = torch.arange(num_keys, device=weights.device)
+
+        def rows(w: Tensor, ls: Tensor, start: int, stop: int) -> Tensor:
+            log_psi = torch.log(w.unsqueeze(-2) * torch.exp(-ls[..., start:stop, :]) + LOG_FLOOR)
+            alpha = (log_psi + log_beta).clamp_min(math.log(MIN_GAMMA_SHAPE)).exp()
+            terms = _weibull_gamma_constant(k, alpha, beta, log_mean_factor)
+            valid = key_index <= torch.arange(start, stop, device=w.device)[:, None]
+            if self.key_mask is not None:
+                valid = valid & self.key_mask
+            return terms.masked_fill(~valid, 0.0).sum(-1)
+
+        parts = [checkpoint(rows, weights, log_sum, start, min(start + chunk, num_queries), use_reentrant=False)
+                 for start in range(0, num_queries, chunk)]
+        return torch.cat(parts, dim=-1)
+
+    def _lognormal_rows(self) -> Tensor:
+        config = self.config
+        lse = self.lse.double()
+        keys = self.key.double()
+        counts = self._row_counts()
+        score_sum = self._dot_rows(keys)
+        square_sum = self._square_sums()
+        if self.prior_logits is None or self._per_query_prior():
+            if self.prior_logits is None:
+                mu = keys.new_full((*keys.shape[:-1], 1), config.mu_p)
+                log_z = None
+            else:
+                _, log_sum, top = self._prefix_log_normalizer()
+                log_z = log_sum + top
+                mu = self.prior_logits.double().unsqueeze(-1)
+            score_mu_sum = self._dot_rows(mu * keys)
+            mu_sum = self._row_sum(mu)[..., 0]
+            mu_square_sum = self._row_sum(mu.square())[..., 0]
+            if log_z is not None:  # mu_ij = l_j - log Z_i
+                lz = log_z[..., 0]
+                score_mu_sum = score_mu_sum - lz * score_sum
+                mu_square_sum = mu_square_sum - 2 * lz * mu_sum + counts * lz.square()
+                mu_sum = mu_sum - counts * lz
+        else:
+            mu = self._per_key_log_psi()
+            score_mu_sum = self._dot_rows(mu * keys)
+            mu_sum = self._row_sum(mu)[..., 0]
+            mu_square_sum = self._row_sum(mu.square())[..., 0]
+        return lognormal_row_kl(lse, counts, score_sum, square_sum, score_mu_sum, mu_sum, mu_square_sum,
+                                config.sigma_q, config.sigma_p)
+
+    def _square_sums(self) -> Tensor:
+        """sum_{j in V_i} s_ij^2: ``q_i^T (sum_j k_j k_j^T) q_i`` without a causal mask; with one, over
+        chunks of queries recomputed in the backward pass (a prefix of d x d matrices per key would
+        cost L * d^2 memory)."""
+        q, keys = self._q(), self.key.double()
+        if not self.causal:
+            valid = self._keys_valid()
+            weighted = keys if valid is None else keys * valid
+            gram = weighted.transpose(-1, -2) @ keys
+            return ((q @ gram) * q).sum(-1)
+        num_queries, num_keys = self.map_shape[-2], self.map_shape[-1]
+        chunk = chunk_size_for(q.shape[:-2].numel(), num_keys)
+        key_index = torch.arange(num_keys, device=q.device)
+
+        def rows(qc: Tensor, kk: Tensor, start: int) -> Tensor:
+            scores = qc.float() @ kk.float().transpose(-1, -2)
+            valid = key_index <= torch.arange(start, start + qc.shape[-2], device=qc.device)[:, None]
+            if self.key_mask is not None:
+                valid = valid & self.key_mask
+            return scores.square().masked_fill(~valid, 0.0).sum(-1).double()
+
+        parts = [checkpoint(rows, q[..., start:start + chunk, :], keys, start, use_reentrant=False)
+                 for start in range(0, num_queries, chunk)]
+        return torch.cat(parts, dim=-1)
+
+    # --- materialized, on request ------------------------------------------------------------
+    def axis(self) -> DenseKeys:
+        """The materialized path's axis of the call (the causal mask as a full [Lq, Lk] mask)."""
+        mask = self.key_mask
+        if self.causal:
+            num_queries, num_keys = self.map_shape[-2], self.map_shape[-1]
+            causal = torch.ones(1, num_queries, num_keys, dtype=torch.bool, device=self.query.device).tril()
+            mask = causal if mask is None else mask & causal
+        return DenseKeys(mask, batch_shape=self.map_shape[:-3], query_mask=self.query_mask)
+
+    def phi(self, axis: DenseKeys) -> Tensor:
+        return log_normalized(axis, self.query @ self.key.transpose(-1, -2))
+
+    def log_weights(self, seeds: Tensor, phi: Tensor) -> Tensor:
+        """log S of the q draw of ``seeds``: ``Phi + log(q's noise)`` with q's constants."""
+        config = self.config
+        drawn = noise.noise_map(seeds, self.map_shape, config.family, config.k, config.sigma_q, phi.dtype)
+        constant = math.lgamma(1.0 + 1.0 / config.k) if config.family == "weibull" else 0.5 * config.sigma_q**2
+        return phi + drawn - constant
+
+    def weights(self, seeds: Tensor) -> Tensor:
+        """The normalized weights of the q draw of ``seeds``, materialized (a full map)."""
+        axis = self.axis()
+        log_s = self.log_weights(seeds, self.phi(axis))
+        return axis.softmax(log_s)
+
+    def maps(self) -> tuple[AttentionMap, AttentionMap, Tensor, DenseKeys]:
+        """The materialized q and prior of the call (with Phi and the axis)."""
+        axis = self.axis()
+        phi = self.phi(axis)
+        q = AttentionMap(variational_distribution(phi, self.config), axis.mask, axis.event_dim)
+        p = AttentionMap(self.build_prior(phi, axis), axis.mask, axis.event_dim)
+        return q, p, phi, axis
+
+
+class _FusedSite(dist.TorchDistribution):
+    """Shared by q and p of one fused call: a value per draw (the seed), log-densities through the
+    materialized map."""
+
+    arg_constraints: dict = {}
+    support = constraints.integer_interval(0, 2**62)
+
+    def __init__(self, call: DotProductCall, batch_shape: torch.Size = torch.Size()) -> None:
+        self.call = call
+        super().__init__(torch.Size(batch_shape), torch.Size(), validate_args=False)
+
+    def expand(self, batch_shape: torch.Size, _instance=None) -> "_FusedSite":
+        return type(self)(self.call, batch_shape)
+
+    def _map_log_prob(self, value: Tensor, pick: int) -> Tensor:
+        maps = self.call.maps()
+        if value.is_floating_point():  # a prior draw of S itself (the model without a guide)
+            return maps[pick].log_prob(value)
+        log_s = self.call.log_weights(value, maps[2])
+        return maps[pick].log_prob(torch.exp(log_s))
+
+
+class FusedPosterior(_FusedSite):
+    """q of a fused attention call: draws its noise seed; reparameterized through the seed."""
+
+    has_rsample = True
+
+    def rsample(self, sample_shape: torch.Size = torch.Size()) -> Tensor:
+        return noise.draw_seeds(self._extended_shape(sample_shape), device=self.call.query.device)
+
+    def sample(self, sample_shape: torch.Size = torch.Size()) -> Tensor:
+        return self.rsample(sample_shape)
+
+    def log_prob(self, value: Tensor) -> Tensor:
+        """log q of the map the seed regenerates (a full map; Monte Carlo ELBOs and validation)."""
+        return self._map_log_prob(value, 0)
+
+
+class FusedPrior(_FusedSite):
+    """p(S) of a fused attention call: its draws are full maps (no counter-based Gamma sampler)."""
+
+    def sample(self, sample_shape: torch.Size = torch.Size()) -> Tensor:
+        with torch.no_grad():
+            prior = self.call.maps()[1]
+        return prior.sample(sample_shape + self.batch_shape)
+
+    def log_prob(self, value: Tensor) -> Tensor:
+        """log p of the map (given, or regenerated from the guide's seed): a full map."""
+        return self._map_log_prob(value, 1)
+
+
+@register_kl(FusedPosterior, FusedPrior)
+def _kl_fused(q: FusedPosterior, p: FusedPrior) -> Tensor:
+    if q.call is not p.call:
+        raise ValueError("the KL of fused attention sites needs q and p of the same attention call")
+    return q.call.kl().expand(q.batch_shape)
+
+
+class FusedSiteInfo:
+    """What a fused attention site hands to the guide (the counterpart of
+    :class:`~bam_pyro.sites.AttentionSiteInfo`): the call, from which q and the KL come."""
+
+    def __init__(self, call: DotProductCall) -> None:
+        self.call, self.config = call, call.config
+
+    def as_site_distribution(self, fn: dist.TorchDistribution) -> dist.TorchDistribution:
+        return fn  # already one value per draw
+
+    def posterior(self) -> FusedPosterior:
+        return FusedPosterior(self.call, self.call.sample_shape)
+
+    def num_valid(self, axis: object) -> Tensor:
+        return self.call.num_valid()
+
+    @property
+    def kl_dtype(self) -> torch.dtype:
+        return self.call.query.dtype
+
+
+def softmax_attention(query: Tensor, key: Tensor, value: Tensor, key_mask: Optional[Tensor], causal: bool,
+                      dropout: float = 0.0) -> Tensor:
+    """Softmax attention by ``scaled_dot_product_attention`` (``query`` already scaled): the
+    posterior-mean point prediction of Bayesian attention, and soft attention. A query without
+    valid keys gets output 0, as on the materialized path (sdpa would give NaN)."""
+    import torch.nn.functional as F
+
+    if key_mask is None:
+        return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout, is_causal=causal, scale=1.0)
+    valid = key_mask
+    if causal:
+        valid = valid & torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
+    has_keys = valid.any(dim=-1, keepdim=True)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=valid | ~has_keys, dropout_p=dropout, scale=1.0)
+    return out * has_keys

@@ -1,0 +1,400 @@
+"""The fused path (no attention map in memory) against the materialized one, with the same noise:
+outputs, gradients and KL, for both families, fixed and contextual priors, both prior scopes, key
+padding, causal masks, grouped-query attention; eval mode against sdpa; the counter-based noise."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from pyro import poutine
+from pyro.infer import TraceMeanField_ELBO
+from torch.distributions import kl_divergence
+
+from bam_pyro import AttentionGuide, BamConfig, BayesianAttention, DenseKeys, MultiHeadBayesianAttention, noise
+from bam_pyro.attention_map import AttentionMap
+from bam_pyro.distributions import variational_distribution
+from bam_pyro.attention import set_fused
+from bam_pyro.fused import chunked_attention
+from bam_pyro.fused_sites import DotProductCall, FusedPosterior, FusedPrior
+from bam_pyro.normalize import log_normalized, normalize
+from bam_pyro.sites import SITE_INFO, attention_sites
+
+CONFIGS = {
+    "wc": BamConfig("wc", k=3.0, beta=0.5, d_mid=4),
+    "wc-psi": BamConfig("wc", k=3.0, beta=0.5, d_mid=4, gamma_shape="psi"),
+    "wc-all-keys": BamConfig("wc", k=3.0, beta=0.5, d_mid=4, prior_scope="all_keys"),
+    "wf": BamConfig("wf", k=2.0, beta=0.3, alpha=0.2),
+    "lc": BamConfig("lc", sigma_q=0.7, sigma_p=1.5, d_mid=4),
+    "lc-all-keys": BamConfig("lc", sigma_q=0.7, sigma_p=1.5, d_mid=4, prior_scope="all_keys"),
+    "lf": BamConfig("lf", sigma_q=0.7, sigma_p=1.5, mu_p=-1.0),
+}
+B, H, LQ, LK, D = 2, 3, 5, 6, 4
+
+
+def inputs(lq=LQ, lk=LK, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(B, H, lq, D, generator=g) * 0.6).requires_grad_()
+    k = torch.randn(B, H, lk, D, generator=g).requires_grad_()
+    v = torch.randn(B, H, lk, D, generator=g).requires_grad_()
+    return q, k, v
+
+
+def masks(kind, lq=LQ, lk=LK):
+    """(key_mask [B, 1, 1, Lk], query_mask [B, 1, Lq, 1], causal) of a mask kind."""
+    key_mask = query_mask = None
+    if kind in ("padding", "causal-padding"):
+        key_mask = torch.ones(B, 1, 1, lk, dtype=torch.bool)
+        key_mask[1, ..., 3:] = False
+        if lq == lk:
+            query_mask = key_mask.transpose(-1, -2)
+    return key_mask, query_mask, kind.startswith("causal")
+
+
+def materialized(layer, q, k, v, key_mask, query_mask, causal, seed, family_config):
+    """The materialized path, by hand, with the fused path's noise: output and summed KL."""
+    mask = key_mask
+    if causal:
+        tril = torch.ones(1, q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        mask = tril if mask is None else mask & tril
+    axis = DenseKeys(mask, batch_shape=torch.Size([B]), query_mask=query_mask)
+    phi = log_normalized(axis, q @ k.transpose(-1, -2))
+    c = family_config
+    constant = math.lgamma(1 + 1 / c.k) if c.family == "weibull" else 0.5 * c.sigma_q**2
+    log_s = phi + noise.noise_map(torch.tensor(seed), phi.shape, c.family, c.k, c.sigma_q) - constant
+    weights = normalize(axis, torch.exp(log_s))
+    keys = k.transpose(-2, -3)
+    qd = AttentionMap(variational_distribution(phi, c), axis.mask, axis.event_dim)
+    pd = AttentionMap(layer.prior(phi, keys, axis), axis.mask, axis.event_dim)
+    return weights @ v, kl_divergence(qd, pd)
+
+
+def fused(layer, q, k, v, key_mask, query_mask, causal, seed):
+    logits = layer._prior_logits(k.transpose(-2, -3), q.dtype).transpose(-1, -2) if layer.prior_net is not None else None
+    call = DotProductCall(layer.config, q, k, v, key_mask=key_mask, query_mask=query_mask, causal=causal, batch_dims=1,
+                          prior_logits=logits, build_prior=None)
+    return call.attend(torch.tensor(seed)), call.kl()
+
+
+def grads(tensors, loss):
+    return torch.autograd.grad(loss, tensors, allow_unused=True)
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "padding", "causal", "causal-padding"])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_fused_path_equals_the_materialized_one_with_the_same_noise(name, mask_kind):
+    torch.manual_seed(0)
+    config = CONFIGS[name]
+    layer = BayesianAttention(config, H, D)
+    q, k, v = inputs()
+    key_mask, query_mask, causal = masks(mask_kind)
+    probe = torch.randn(B, H, LQ, D)
+    params = [q, k, v, *layer.parameters()]
+    results = []
+    for run in (materialized, fused):
+        args = (layer, q, k, v, key_mask, query_mask, causal, 1234) + ((config,) if run is materialized else ())
+        out, kl = run(*args)
+        results.append((out, kl, grads(params, (out * probe).sum() + 0.1 * kl)))
+    (out_m, kl_m, g_m), (out_f, kl_f, g_f) = results
+    torch.testing.assert_close(out_f, out_m, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(kl_f, kl_m, atol=1e-4, rtol=1e-5)
+    for got, expected in zip(g_f, g_m):
+        if expected is None:
+            assert got is None or got.abs().max() == 0
+        else:
+            torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_chunks_and_dropout_replay_in_the_backward_pass():
+    """Any chunking gives the same draw, and the gradient of a draw with dropout is that of the
+    same computation written out (the backward pass regenerates noise and dropout mask)."""
+    q, k, v = inputs(lq=7, lk=7)
+    keys = noise.row_keys(torch.tensor(99), B, H)
+    outs = [chunked_attention(q, k, v, keys, "weibull", k=2.0, dropout=0.3, chunk=c) for c in (1, 3, 7)]
+    for out, lse in outs[1:]:
+        torch.testing.assert_close(out, outs[0][0])
+        torch.testing.assert_close(lse, outs[0][1])
+    out, lse = outs[0]
+    # the same draw written out in torch ops, differentiated by autograd
+    g = noise.noise_map(torch.tensor(99), torch.Size([B, H, 7, 7]), "weibull", k=2.0)
+    kept = noise.noise_map(torch.tensor(99), torch.Size([B, H, 7, 7]), "weibull", stream=noise.DROPOUT_STREAM) >= 0.3
+    scores = q @ k.transpose(-1, -2)
+    expected = (torch.softmax(scores + g, -1) * kept / 0.7) @ v
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(lse, torch.logsumexp(scores, -1))
+    probe, lse_probe = torch.randn_like(out), torch.randn_like(lse)
+    got = grads([q, k, v], (out * probe).sum() + (lse * lse_probe).sum())
+    want = grads([q, k, v], (expected * probe).sum() + (torch.logsumexp(scores, -1) * lse_probe).sum())
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_noise_is_a_pure_function_of_its_counters_and_has_the_right_law():
+    seed = torch.tensor(2**40 + 7)
+    full = noise.noise_map(seed, torch.Size([2, 3, 40, 50]), "weibull", k=1.0)
+    keys = noise.query_keys(noise.row_keys(seed, 2, 3), torch.arange(10, 20))
+    part = noise.log_noise(noise.entry_bits(keys[..., None], torch.arange(50)), "weibull", 1.0, 1.0)
+    assert torch.equal(part, full[:, :, 10:20])  # any block, any order
+    assert not torch.equal(full, noise.noise_map(seed + 1, full.shape, "weibull"))
+    assert not torch.equal(full[0], full[1]) and not torch.equal(full[:, 0], full[:, 1])
+    # log of a unit exponential: mean -gamma, variance pi^2 / 6; the Gaussian: 0 and 1
+    big = noise.noise_map(seed, torch.Size([4, 4, 100, 100]), "weibull", k=1.0).double()
+    assert abs(big.mean() + 0.5772157) < 0.02 and abs(big.var() - math.pi**2 / 6) < 0.05
+    gauss = noise.noise_map(seed, torch.Size([4, 4, 100, 100]), "lognormal", sigma=1.0).double()
+    assert abs(gauss.mean()) < 0.02 and abs(gauss.var() - 1) < 0.03
+
+
+def test_seeds_come_from_torch_generator_so_a_resumed_run_draws_the_same():
+    attn = MultiHeadBayesianAttention(8, 2, CONFIGS["wc"]).train()
+    x = torch.randn(2, 5, 8)
+    torch.manual_seed(3)
+    first, _ = attn(x, x, x, need_weights=False)
+    state = torch.get_rng_state()
+    second, _ = attn(x, x, x, need_weights=False)
+    torch.set_rng_state(state)  # a resumed run restores the generator
+    again, _ = attn(x, x, x, need_weights=False)
+    assert torch.equal(again, second) and not torch.equal(first, second)
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "padding"])
+def test_eval_mode_is_sdpa(mask_kind):
+    attn = MultiHeadBayesianAttention(8, 2, CONFIGS["wc"]).eval()
+    x = torch.randn(2, 6, 8)
+    valid = None
+    if mask_kind == "padding":
+        valid = torch.ones(2, 6, dtype=torch.bool)
+        valid[1, 4:] = False
+    fused_out, none = attn(x, x, x, key_padding_mask=valid, need_weights=False)
+    materialized_out, weights = attn(x, x, x, key_padding_mask=valid)
+    assert none is None and weights is not None
+    torch.testing.assert_close(fused_out, materialized_out)
+    heads = lambda t: t.unflatten(-1, (2, 4)).transpose(1, 2)  # noqa: E731
+    q, k, v = heads(attn.query_proj(x)), heads(attn.key_proj(x)), heads(attn.value_proj(x))
+    mask = None if valid is None else valid[:, None, None, :]
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).flatten(-2)
+    torch.testing.assert_close(fused_out, attn.out_proj(expected))
+
+
+def pooled_classifier(config, fused_path):
+    """A BamModel: one MultiHeadBayesianAttention over padded sequences, mean-pooled, classified."""
+    from bam_pyro import BamModel, ObjectiveConfig
+    import pyro.distributions as dist
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention = MultiHeadBayesianAttention(8, 2, config)
+            self.head = torch.nn.Linear(8, 2)
+
+        def forward(self, x, valid):
+            h, _ = self.attention(x, x, x, key_padding_mask=valid, need_weights=not fused_path)
+            return self.head(h.mean(-2))
+
+    class Model(BamModel):
+        def likelihood(self, logits, y=None):
+            self.observe("y", dist.Categorical(logits=self.align_to_plate(logits, 2)), y)
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 8)
+    valid = torch.ones(3, 5, dtype=torch.bool)
+    valid[2, 3:] = False
+    return Model(Net(), ObjectiveConfig(kl_weight=0.5)), x, valid
+
+
+def _site_losses(config, fused_path):
+    """One TraceMeanField_ELBO loss and its gradients, on either path."""
+    model, x, valid = pooled_classifier(config, fused_path)
+    guide = AttentionGuide(model.model)
+    loss = TraceMeanField_ELBO().differentiable_loss(model.model, guide, x, valid, y=torch.tensor([0, 1, 1]))
+    loss.backward()
+    return model, guide, loss, x, valid
+
+
+def test_predictive_draws_on_the_fused_path_and_maps_only_when_asked():
+    """Vectorized posterior draws run the fused path (one seed per draw: distinct draws); asking
+    for a layer's maps materializes them for that run, rows on the simplex, padding at zero."""
+    from bam_pyro.predictive import predictive_draws
+
+    model, x, valid = pooled_classifier(CONFIGS["wc"], fused_path=True)
+    draws = predictive_draws(model, (x, valid), 6, chunk_size=3)
+    assert draws.probs.shape == (6, 3, 2) and draws.attention == {}
+    assert not torch.allclose(draws.probs[0], draws.probs[1])
+    with_maps = predictive_draws(model, (x, valid), 4, layers=["attention.attention"])
+    weights = with_maps.attention["attention.attention"]
+    assert weights.shape == (4, 3, 2, 5, 5)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(4, 3, 2, 5))
+    assert (weights[:, 2, ..., 3:] == 0).all()
+
+
+@pytest.mark.parametrize("name", ["wc", "lf"])
+def test_one_site_per_call_with_its_analytic_kl_under_trace_mean_field(name):
+    config = CONFIGS[name]
+    model, guide, loss, x, valid = _site_losses(config, fused_path=True)
+    model_trace, guide_trace = guide.get_traces()
+    sites = [n for n, s in model_trace.nodes.items() if SITE_INFO in (s.get("infer") or {})]
+    assert sites == ["attention.attention"]
+    q = guide_trace.nodes[sites[0]]["fn"]
+    assert isinstance(q, FusedPosterior) and q.has_rsample
+    seed = guide_trace.nodes[sites[0]]["value"]
+    assert seed.dtype == torch.int64 and seed.shape == ()
+    # the analytic KL is the materialized one of the same call; the Monte Carlo estimate, its
+    # log-densities at the regenerated map, averages to it
+    call = q.call
+    qm, pm, _, _ = call.maps()
+    torch.testing.assert_close(call.kl(), kl_divergence(qm, pm), rtol=1e-5, atol=1e-4)
+    assert all(p.grad is not None for p in model.parameters())
+    # the ELBO's KL term is the site's scale times the closed form (mean reduction: over valid entries)
+    scale = guide_trace.nodes[sites[0]]["scale"]
+    assert scale == pytest.approx(0.5 / call.num_valid())
+    assert call.num_valid() == 2 * (5 * 5 * 2 + 5 * 3)  # 2 heads; the padded queries still see 3 keys
+
+
+def test_model_without_guide_draws_attention_from_the_prior():
+    config = CONFIGS["wc"]
+    attn = MultiHeadBayesianAttention(8, 2, config).train()
+    x = torch.randn(2, 5, 8)
+    with poutine.trace() as tracer, attention_sites():
+        out, _ = attn(x, x, x, need_weights=False)
+    site = tracer.trace.nodes["attention"]
+    assert site["value"].is_floating_point() and site["value"].shape == (2, 2, 5, 5)  # a prior map S
+    assert torch.isfinite(out).all()
+    assert torch.isfinite(site["fn"].log_prob(site["value"]))
+
+
+def test_log_densities_of_regenerated_maps_average_to_the_closed_form_kl():
+    """What a Monte Carlo ELBO (Trace_ELBO) reads, log q - log p at the map a seed regenerates,
+    averages over seeds to the closed form."""
+    config = BamConfig("lf", sigma_q=0.5, sigma_p=1.0)
+    layer = BayesianAttention(config, H, D)
+    q, k, v = inputs()
+    q, k = q.detach(), k.detach()
+    call = DotProductCall(config, q, k, v.detach(), key_mask=None, query_mask=None, causal=False, batch_dims=1,
+                          prior_logits=None, build_prior=lambda phi, axis: layer.prior(phi, None, axis))
+    call.attend(torch.tensor(0))
+    posterior, prior = FusedPosterior(call), FusedPrior(call)
+    seeds = noise.draw_seeds(torch.Size([400]))
+    estimate = (posterior.log_prob(seeds) - prior.log_prob(seeds)).mean()
+    assert estimate.item() == pytest.approx(call.kl().item(), rel=0.05)
+
+
+def tiny_llama():
+    from transformers import LlamaConfig, LlamaModel
+
+    return LlamaModel(LlamaConfig(vocab_size=60, hidden_size=32, intermediate_size=37, num_hidden_layers=1,
+                                  num_attention_heads=4, num_key_value_heads=2))
+
+
+def tiny_bert():
+    from transformers import BertConfig, BertModel
+
+    return BertModel(BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                intermediate_size=37, attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0))
+
+
+@pytest.mark.parametrize("make,padding", [(tiny_llama, "left"), (tiny_llama, None), (tiny_bert, "right")],
+                         ids=["llama-gqa-causal-left-padding", "llama-gqa-causal", "bert-key-padding"])
+@pytest.mark.parametrize("name", ["wc", "lc"])
+def test_transformers_site_kl_is_the_materialized_one(make, padding, name):
+    """The first layer's KL does not depend on the draw: fused (closed form from the layout that
+    transformers' mask is read as) and materialized (entry-wise) agree; grouped-query heads,
+    causal masks with left padding, and BERT's key padding with padded queries left out."""
+    from bam_pyro.transformers import to_bam
+
+    model = to_bam(make(), CONFIGS[name]).train()
+    ids = torch.randint(5, 60, (2, 7))
+    mask = torch.ones_like(ids)
+    if padding == "left":
+        mask[1, :2] = 0
+    elif padding == "right":
+        mask[1, 4:] = 0
+    kls, kinds = [], []
+    for enabled in (True, False):
+        set_fused(model, enabled)
+
+        def program():
+            with attention_sites():
+                model(input_ids=ids, attention_mask=mask)
+
+        guide = AttentionGuide(program)
+        guide()
+        model_trace, guide_trace = guide.get_traces()
+        (site,) = [n for n, s in model_trace.nodes.items() if SITE_INFO in (s.get("infer") or {})]
+        kinds.append(type(guide_trace.nodes[site]["fn"]))
+        kls.append(kl_divergence(guide_trace.nodes[site]["fn"], model_trace.nodes[site]["fn"]))
+    assert kinds[0] is FusedPosterior and kinds[1] is AttentionMap
+    torch.testing.assert_close(kls[0], kls[1], rtol=1e-5, atol=1e-3)
+
+
+def test_encoder_decoder_sites_count_the_same_entries_on_both_paths():
+    """BART: the encoder's self-attention drops its padded queries, cross-attention keeps every
+    decoder query, the decoder's self-attention is causal; each site's mean-reduction scale
+    (1 / its valid entries) is the materialized path's."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    from bam_pyro.transformers import to_bam
+
+    config = BartConfig(vocab_size=60, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                        decoder_attention_heads=2, encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=32,
+                        dropout=0.0, attention_dropout=0.0)
+    model = to_bam(BartForConditionalGeneration(config), CONFIGS["wc"]).train()
+    ids = torch.randint(3, 60, (3, 7))
+    mask = torch.ones_like(ids)
+    mask[1, 4:] = 0
+    decoder_ids = torch.randint(3, 60, (3, 7))
+    scales = []
+    for enabled in (True, False):
+        set_fused(model, enabled)
+        with poutine.trace() as tracer, attention_sites(mean_over_sites=1):
+            model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids)
+        sites = {n: s for n, s in tracer.trace.nodes.items() if SITE_INFO in (s.get("infer") or {})}
+        assert all(isinstance(s["fn"], FusedPrior) == enabled for s in sites.values())
+        scales.append({n: s["scale"] for n, s in sites.items()})
+    assert len(scales[0]) == 3 and scales[0].keys() == scales[1].keys()
+    for name in scales[0]:
+        assert scales[0][name] == pytest.approx(scales[1][name]), name
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("family", ["weibull", "lognormal"])
+@pytest.mark.parametrize("mask_kind", ["none", "padding", "causal-padding"])
+def test_flex_attention_route_equals_the_chunked_function_on_cuda(family, mask_kind):
+    """FlexAttention with the hashed noise in its score_mod: the same output, normalizer and
+    gradients as the chunked function (the same counters), forward and backward."""
+    from bam_pyro.fused import flex_attention_route
+
+    q, k, v = (t.detach().cuda().requires_grad_() for t in inputs(lq=130, lk=130))
+    key_mask, _, causal = masks(mask_kind, 130, 130)
+    key_mask = None if key_mask is None else key_mask.cuda()
+    keys = noise.row_keys(torch.tensor(5, device="cuda"), B, H)
+    probe = torch.randn(B, H, 130, D, device="cuda")
+    results = []
+    for route in (chunked_attention, flex_attention_route):
+        out, lse = route(q, k, v, keys, family, k=2.0, sigma=0.7, key_mask=key_mask, causal=causal)
+        results.append((out, lse, grads([q, k, v], (out * probe).sum() + lse.sum())))
+    (out_c, lse_c, g_c), (out_f, lse_f, g_f) = results
+    torch.testing.assert_close(out_f, out_c, atol=2e-4, rtol=1e-3)
+    torch.testing.assert_close(lse_f, lse_c, atol=2e-4, rtol=1e-3)
+    for a, b in zip(g_f, g_c):
+        torch.testing.assert_close(a, b, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.slow  # Inductor compiles the noise chain: a minute or more on 2 CPU cores
+def test_compiled_noise_gives_the_eager_draw():
+    from bam_pyro.fused import compile_noise
+
+    q, k, v = inputs(lq=9, lk=9)
+    keys = noise.row_keys(torch.tensor(11), B, H)
+    results = []
+    for compiled in (False, True):
+        compile_noise(compiled)
+        try:
+            out, lse = chunked_attention(q, k, v, keys, "weibull", k=2.0, dropout=0.2, chunk=4)
+            results.append((out, lse, grads([q, k, v], out.sum() + lse.sum())))
+        finally:
+            compile_noise(False)
+    (out_e, lse_e, g_e), (out_c, lse_c, g_c) = results
+    torch.testing.assert_close(out_c, out_e, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse_c, lse_e)
+    for a, b in zip(g_c, g_e):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
