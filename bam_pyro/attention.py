@@ -174,9 +174,12 @@ class BayesianAttention(nn.Module):
         """The contextual prior's logits ``[..., keys, heads]``."""
         if keys is None:
             raise ValueError("the contextual prior (lc, wc) needs the keys; got keys=None")
-        if self.config.detach_prior_keys:
-            keys = keys.detach()
-        return self.prior_net(keys).to(dtype)
+
+        def logits() -> Tensor:
+            return self.prior_net(keys.detach() if self.config.detach_prior_keys else keys)
+
+        sites = active_sites()
+        return (logits() if sites is None else sites.once_per_keys(self, keys, logits)).to(dtype)
 
     def extra_repr(self) -> str:
         c = self.config

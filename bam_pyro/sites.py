@@ -27,7 +27,7 @@ import threading
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Union
+from typing import Callable, Iterator, Optional, Union
 
 import pyro
 import pyro.distributions as dist
@@ -86,6 +86,20 @@ class AttentionSites:
     mean_over_sites: Optional[int] = None
     record_weights: bool = False
     calls: Counter = field(default_factory=Counter)
+    keyed: dict = field(default_factory=dict, repr=False)
+
+    def once_per_keys(self, owner: nn.Module, keys: Tensor, make: Callable[[], Tensor]) -> Tensor:
+        """``make()``, computed once per pass for each ``owner`` and keys: a decoder that attends to
+        the same keys at every step (a caption's image grid, a translation's source) computes their
+        contextual prior once instead of once per step. Keys are the same when they are the same
+        view (shape, strides, offset) of the same tensor, unmodified in between; the entry holds the
+        tensor, so its identity cannot be reused within the pass."""
+        root = keys if keys._base is None else keys._base
+        tag = (id(owner), id(root), keys.shape, keys.stride(), keys.storage_offset(), keys.dtype)
+        entry = self.keyed.get(tag)
+        if entry is None or entry[1] != root._version:
+            entry = self.keyed[tag] = (root, root._version, make())
+        return entry[2]
 
     def site_name(self, base: str) -> str:
         """``base`` on the first call of a module, ``base#2``, ``base#3`` ... on repeated calls

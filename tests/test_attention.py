@@ -456,3 +456,45 @@ def test_the_posterior_mean_prediction_is_softmax_attention_bit_for_bit(dtype):
     axis = DenseKeys(mask)
     layer = BayesianAttention(BamConfig("wc", k=5.0, d_mid=5), num_heads=3, key_dim=5).to(dtype).eval()
     assert torch.equal(layer(scores.to(dtype), keys.to(dtype), axis), axis.softmax(scores.to(dtype)))
+
+
+def test_a_decoder_computes_the_contextual_prior_of_its_keys_once_per_pass():
+    """Steps that attend to views of one keys tensor share its prior logits (one prior network
+    call per pass), with the same prior densities and gradients as computing them at every step;
+    keys changed in place are computed again."""
+    from bam_pyro.axes import DenseKeys
+
+    torch.manual_seed(0)
+    attention = BayesianAttention(BamConfig("wc", k=10.0, beta=1e-2, d_mid=4), num_heads=1, key_dim=6)
+    states = torch.randn(3, 5, 6, requires_grad=True)
+    scores = torch.randn(4, 3, 1, 1, 5)  # four steps of three queries
+    calls = []
+    attention.prior_net.register_forward_hook(lambda *_: calls.append(1))
+
+    def kl_of_steps(fresh_keys: bool) -> torch.Tensor:
+        total = torch.zeros(())
+        with attention_sites() as sites:
+            for step in range(4):
+                keys = states.clone().unsqueeze(-2) if fresh_keys else states.unsqueeze(-2)
+                phi = log_normalized(DenseKeys(None, batch_shape=(3,)), scores[step])
+                prior = attention.prior(phi, keys, DenseKeys(None, batch_shape=(3,)))
+                total = total + prior.log_prob(phi.exp()).sum()
+        return total
+
+    shared = kl_of_steps(fresh_keys=False)
+    assert len(calls) == 1
+    (grad_shared,) = torch.autograd.grad(shared, states)
+    calls.clear()
+    separate = kl_of_steps(fresh_keys=True)
+    assert len(calls) == 4
+    (grad_separate,) = torch.autograd.grad(separate, states)
+    torch.testing.assert_close(shared, separate)
+    torch.testing.assert_close(grad_shared, grad_separate)
+
+    calls.clear()
+    keys = torch.randn(3, 5, 1, 6)
+    with attention_sites():
+        first = attention._prior_logits(keys, torch.float32)
+        keys.mul_(2.0)  # changed in place: computed again
+        second = attention._prior_logits(keys, torch.float32)
+    assert len(calls) == 2 and not torch.allclose(first, second)
