@@ -398,3 +398,20 @@ def test_compiled_noise_gives_the_eager_draw():
     torch.testing.assert_close(lse_c, lse_e)
     for a, b in zip(g_c, g_e):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_transformers_output_attentions_returns_the_maps_and_otherwise_takes_the_fused_path():
+    """A caller who asks for the maps gets them (the materialized path, rows summing to one over
+    the valid keys); without asking, the call is fused and returns no maps, as sdpa does."""
+    from bam_pyro.transformers import to_bam
+
+    torch.manual_seed(0)
+    bam_model = to_bam(tiny_bert(), BamConfig("wc", k=10.0, beta=1e-2, d_mid=3))
+    network = bam_model.network if hasattr(bam_model, "network") else bam_model
+    ids, mask = torch.randint(5, 60, (2, 6)), torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
+    network.eval()
+    maps = network(ids, attention_mask=mask, output_attentions=True).attentions
+    assert len(maps) == 1 and maps[0].shape == (2, 4, 6, 6)
+    torch.testing.assert_close(maps[0].sum(-1), torch.ones(2, 4, 6))
+    assert (maps[0][1, ..., 4:] == 0).all()
+    assert network(ids, attention_mask=mask).attentions is None

@@ -227,8 +227,8 @@ def test_output_attentions_are_the_bayesian_weights():
     eager = copy.deepcopy(model)
     eager.set_attn_implementation("eager")
     with torch.no_grad():
-        assert model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions == ()  # fused: none, as sdpa
-        returned = set_fused(model, False)(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+        assert model(input_ids=ids, attention_mask=mask).attentions is None  # not asked: fused, none, as sdpa
+        returned = model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions  # asked: the maps
         expected = eager(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
     assert len(returned) == len(expected) == 2
     for got, weights in zip(returned, expected):

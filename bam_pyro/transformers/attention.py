@@ -84,11 +84,12 @@ def bam_attention_forward(
     capped (Gemma 2's ``softcap``), plus an additive ``position_bias`` (T5's relative positions;
     ``[B or 1, H, Lq, Lk]``).
 
-    Without soft-capping or a position bias, and with a mask :func:`fused_layout` reads (none, key
-    padding, causal), the call takes the fused path (:meth:`~bam_pyro.BayesianAttention.attend`): no
-    attention map in memory, attention dropout drawn from the noise's counters, and None for the
-    weights, as transformers' ``sdpa`` returns; ``bam_pyro.attention.set_fused(model, False)`` keeps
-    the materialized path and its weights.
+    Without soft-capping or a position bias, with a mask :func:`fused_layout` reads (none, key
+    padding, causal), and unless the caller asks for the maps (``output_attentions=True``), the call
+    takes the fused path (:meth:`~bam_pyro.BayesianAttention.attend`): no attention map in memory,
+    attention dropout drawn from the noise's counters, and None for the weights, as transformers'
+    ``sdpa`` returns; ``bam_pyro.attention.set_fused(model, False)`` keeps the materialized path and
+    its weights for every call.
     """
     bam = getattr(module, BAM_ATTRIBUTE, None)
     if bam is None:
@@ -108,7 +109,8 @@ def bam_attention_forward(
     queries_are_keys = not getattr(module, "is_decoder", False)
     replay = active_replay() if bam.config.stochastic else None
     layout = fused_layout(attention_mask, query.size(-2), key.size(-2), queries_are_keys)
-    if softcap is None and position_bias is None and layout is not None and bam.uses_fused_path():
+    wants_weights = bool(kwargs.get("output_attentions"))
+    if softcap is None and position_bias is None and layout is not None and not wants_weights and bam.uses_fused_path():
         # the fused path: no attention map; the weights are not returned (as with sdpa)
         def attend() -> Tensor:
             return bam.attend(query * scaling, key, value, keys=keys, key_mask=layout.key_mask,
