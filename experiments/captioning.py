@@ -85,7 +85,7 @@ class CaptioningSettings(RunSettings):
     lr: float = field(default=5e-4, metadata={"help": "Adam's learning rate"})
     batch_size: int = field(default=50, metadata={"help": "captions per step"})
     grad_clip: float = field(default=5.0, metadata={"help": "largest gradient norm"})
-    max_epochs: int = field(default=4, metadata={"help": "epochs at most (4: what 8 runs fit in on the shared 2-core machine)"})
+    max_epochs: int = field(default=10, metadata={"help": "epochs at most (early stopping on validation CIDEr keeps the best)"})
     patience: int = field(default=3, metadata={"help": "epochs without a better validation CIDEr before stopping"})
     beam_size: int = field(default=1, metadata={"help": "1: greedy decoding (the paper's); more: beam search"})
     eval_batch_size: int = 100
