@@ -29,7 +29,8 @@ Two routes:
 
 from __future__ import annotations
 
-from typing import Optional
+import functools
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -72,7 +73,7 @@ class _Chunks:
         """scores + noise of the chunk, and the dropout keep-mask scaled by 1 / (1 - p) (or None)."""
         rows = torch.arange(start, stop, device=scores.device)
         drawn, kept = _draw(self.row_keys, rows, self.key_index, self.family, self.k, self.sigma, self.dropout, scores.dtype)
-        return scores + drawn, kept
+        return drawn.add_(scores), kept
 
 
 def chunk_noise(row_keys: Tensor, rows: Tensor, key_index: Tensor, family: str, k: float, sigma: float, dropout: float,
@@ -81,11 +82,11 @@ def chunk_noise(row_keys: Tensor, rows: Tensor, key_index: Tensor, family: str, 
     ``1 / (1 - dropout)`` (None without dropout): the element-wise chain that
     :func:`compile_noise` hands to Inductor."""
     query_keys = noise.query_keys(row_keys, rows)[..., None]
-    drawn = noise.log_noise(noise.entry_bits(query_keys, key_index), family, k, sigma, dtype)
+    drawn = noise.log_noise(noise.entry_bits(query_keys, key_index, inplace=True), family, k, sigma, dtype)
     if not dropout:
         return drawn, None
-    kept = noise.uniform(noise.entry_bits(query_keys, key_index, noise.DROPOUT_STREAM), dtype) >= dropout
-    return drawn, kept.to(dtype) / (1.0 - dropout)
+    kept = noise.uniform(noise.entry_bits(query_keys, key_index, noise.DROPOUT_STREAM, inplace=True), dtype) >= dropout
+    return drawn, kept.to(dtype).mul_(1.0 / (1.0 - dropout))
 
 
 _draw = chunk_noise
@@ -101,8 +102,9 @@ def compile_noise(enabled: bool = True) -> None:
     _draw = torch.compile(chunk_noise, dynamic=True) if enabled else chunk_noise
 
 
-def _masked(values: Tensor, valid: Optional[Tensor]) -> Tensor:
-    return values if valid is None else values.masked_fill(~valid, torch.finfo(values.dtype).min)
+def _masked_(values: Tensor, valid: Optional[Tensor]) -> Tensor:
+    """``values`` with the invalid entries set to the dtype's lowest number, in place."""
+    return values if valid is None else values.masked_fill_(~valid, torch.finfo(values.dtype).min)
 
 
 def _has_keys(valid: Optional[Tensor]) -> Optional[Tensor]:
@@ -125,20 +127,20 @@ class _ChunkedAttention(torch.autograd.Function):
             valid = chunks.valid(start, stop)
             has_keys = _has_keys(valid)
             noisy, kept = chunks.noisy(scores, start, stop)
-            weights = _zero_empty(torch.softmax(_masked(noisy, valid), dim=-1), has_keys)
+            weights = _zero_empty(torch.softmax(_masked_(noisy, valid), dim=-1), has_keys)
             if kept is not None:
-                weights = weights * kept
+                weights = weights.mul_(kept)
             outputs.append(weights @ value)
-            lse = torch.logsumexp(_masked(scores, valid), dim=-1, keepdim=True)
+            lse = torch.logsumexp(_masked_(scores, valid), dim=-1, keepdim=True)
             normalizers.append(_zero_empty(lse, has_keys).squeeze(-1))
         out, lse = torch.cat(outputs, dim=-2), torch.cat(normalizers, dim=-1)
         ctx.chunks = chunks
-        ctx.save_for_backward(query, key, value)
+        ctx.save_for_backward(query, key, value, lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, grad_out: Tensor, grad_lse: Tensor):
-        query, key, value = ctx.saved_tensors
+        query, key, value, lse = ctx.saved_tensors
         chunks: _Chunks = ctx.chunks
         grad_query = torch.empty_like(query)
         grad_key = torch.zeros(torch.broadcast_shapes(key.shape[:-2], query.shape[:-2]) + key.shape[-2:],
@@ -150,19 +152,20 @@ class _ChunkedAttention(torch.autograd.Function):
             valid = chunks.valid(start, stop)
             has_keys = _has_keys(valid)
             noisy, kept = chunks.noisy(scores, start, stop)
-            weights = _zero_empty(torch.softmax(_masked(noisy, valid), dim=-1), has_keys)
+            weights = _zero_empty(torch.softmax(_masked_(noisy, valid), dim=-1), has_keys)
             g_out = grad_out[..., start:stop, :]
             grad_weights = g_out @ value.transpose(-1, -2)  # d loss / d (dropped weights)
             if kept is not None:
                 grad_value += (weights * kept).transpose(-1, -2) @ g_out
-                grad_weights = grad_weights * kept
+                grad_weights = grad_weights.mul_(kept)
             else:
                 grad_value += weights.transpose(-1, -2) @ g_out
             # softmax backward, plus the clean softmax times the normalizer's gradient
             rows = (grad_weights * weights).sum(dim=-1, keepdim=True)
-            grad_scores = weights * (grad_weights - rows)
-            clean = _zero_empty(torch.softmax(_masked(scores, valid), dim=-1), has_keys)
-            grad_scores = torch.addcmul(grad_scores, clean, grad_lse[..., start:stop, None])
+            grad_scores = grad_weights.sub_(rows).mul_(weights)
+            # exp(scores - lse): 0 on rows without keys, whose normalizer is 0
+            clean = _masked_(scores, valid).sub_(lse[..., start:stop, None]).exp_()
+            grad_scores.addcmul_(clean, grad_lse[..., start:stop, None])
             grad_query[..., start:stop, :] = grad_scores @ key
             grad_key += grad_scores.transpose(-1, -2) @ q
         return (grad_query, grad_key.sum_to_size(key.shape), grad_value.sum_to_size(value.shape), None)
@@ -187,19 +190,38 @@ def chunked_attention(query: Tensor, key: Tensor, value: Tensor, row_keys: Tenso
     return _ChunkedAttention.apply(query, key, value, chunks)
 
 
+def noise_score_mod(row_keys: Tensor, num_queries: int, family: str, k: float, sigma: float) -> Callable[..., Tensor]:
+    """FlexAttention ``score_mod`` that adds the counter-based noise of (batch item, head, query,
+    key) to each score: the chunked route's draw, entry by entry."""
+    rows = noise.query_keys(row_keys, torch.arange(num_queries, device=row_keys.device))  # [N, H, Lq]
+
+    def add_noise(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        bits = noise.entry_bits(rows[b, h, q_idx], kv_idx)
+        return score + noise.log_noise(bits, family, k, sigma, score.dtype)
+
+    return add_noise
+
+
+@functools.cache
+def _compiled_flex_attention() -> Callable[..., Any]:
+    """FlexAttention compiled once per process: uncompiled, it runs a reference implementation
+    that materializes the scores."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention)
+
+
 def flex_attention_route(query: Tensor, key: Tensor, value: Tensor, row_keys: Tensor, family: str, *, k: float = 1.0,
                          sigma: float = 1.0, key_mask: Optional[Tensor] = None, causal: bool = False) -> tuple[Tensor, Tensor]:
     """The same as :func:`chunked_attention` (without dropout) through FlexAttention, for CUDA:
     one call adds the hashed noise in a ``score_mod`` (forward and backward regenerate it), a
-    second one without noise gives the clean log-normalizer and its gradient."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    second one without noise gives the clean log-normalizer and its gradient. FlexAttention is
+    compiled (once per process): uncompiled it would materialize the scores."""
+    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask
 
+    attend = _compiled_flex_attention()
     batch, heads, num_queries, num_keys = query.shape[0], query.shape[1], query.shape[-2], key.shape[-2]
-    rows = noise.query_keys(row_keys, torch.arange(num_queries, device=query.device))  # [N, H, Lq]
-
-    def add_noise(score, b, h, q_idx, kv_idx):
-        bits = noise.entry_bits(rows[b, h, q_idx], kv_idx)
-        return score + noise.log_noise(bits, family, k, sigma, score.dtype)
+    add_noise = noise_score_mod(row_keys, num_queries, family, k, sigma)
 
     block_mask = None
     if key_mask is not None or causal:
@@ -210,8 +232,9 @@ def flex_attention_route(query: Tensor, key: Tensor, value: Tensor, row_keys: Te
             return keep if padding is None else keep & padding[b, h, kv_idx]
 
         block_mask = create_block_mask(valid, batch, heads, num_queries, num_keys, device=query.device)
-    out = flex_attention(query, key, value, score_mod=add_noise, block_mask=block_mask, scale=1.0)
-    _, lse = flex_attention(query, key, value, block_mask=block_mask, scale=1.0, return_lse=True)
+    out = attend(query, key, value, score_mod=add_noise, block_mask=block_mask, scale=1.0)
+    _, aux = attend(query, key, value, block_mask=block_mask, scale=1.0, return_aux=AuxRequest(lse=True))
+    lse = aux.lse
     if key_mask is not None or causal:  # rows without keys: output 0 (FlexAttention's), normalizer 0
         lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
     return out, lse

@@ -44,18 +44,28 @@ NOISE_STREAM = 0
 DROPOUT_STREAM = _signed32(0x5BD1E995)
 
 
-def _shr(x: Tensor, n: int) -> Tensor:
-    """Logical right shift of int32 words (torch shifts signed integers arithmetically)."""
-    return (x >> n) & ((1 << (32 - n)) - 1)
+def _shr(x: Tensor, n: int, out: Optional[Tensor] = None) -> Tensor:
+    """Logical right shift of int32 words (torch shifts signed integers arithmetically), into
+    ``out`` if given."""
+    return torch.bitwise_right_shift(x, n, out=out).bitwise_and_((1 << (32 - n)) - 1)
 
 
-def mix32(x: Tensor) -> Tensor:
-    """lowbias32 finalizer of int32 words (a bijection of 32-bit words)."""
-    x = x ^ _shr(x, 16)
-    x = x * _M1
-    x = x ^ _shr(x, 15)
-    x = x * _M2
-    return x ^ _shr(x, 16)
+def mix32(x: Tensor, inplace: bool = False) -> Tensor:
+    """lowbias32 finalizer of int32 words (a bijection of 32-bit words). ``inplace=True`` overwrites
+    ``x`` and shifts into one scratch tensor: the same bits without the five full-size allocations
+    per call, which cost as much as the arithmetic on CPU (each fresh multi-megabyte tensor is
+    fresh pages). Out of place for FlexAttention's ``score_mod``."""
+    scratch = torch.empty_like(x) if inplace else None
+
+    def xorshift(x: Tensor, n: int) -> Tensor:
+        return x.bitwise_xor_(_shr(x, n, scratch)) if inplace else x ^ _shr(x, n)
+
+    def times(x: Tensor, m: int) -> Tensor:
+        return x.mul_(m) if inplace else x * m
+
+    x = times(xorshift(x, 16), _M1)
+    x = times(xorshift(x, 15), _M2)
+    return xorshift(x, 16)
 
 
 def _int32(x: Tensor) -> Tensor:
@@ -80,33 +90,34 @@ def query_keys(keys: Tensor, queries: Tensor) -> Tensor:
     return mix32(keys[..., None] ^ mix32(queries.to(torch.int32) + 0x632BE5AB))
 
 
-def entry_bits(query_key: Tensor, key_index: Tensor, stream: int = NOISE_STREAM) -> Tensor:
-    """32 random bits per entry (int32), from broadcastable query keys and key indices."""
-    return mix32(query_key + (key_index.to(torch.int32) + stream) * _GOLDEN)
+def entry_bits(query_key: Tensor, key_index: Tensor, stream: int = NOISE_STREAM, inplace: bool = False) -> Tensor:
+    """32 random bits per entry (int32), from broadcastable query keys and key indices
+    (``inplace``: hash the fresh sum in place, see :func:`mix32`)."""
+    return mix32(query_key + (key_index.to(torch.int32) + stream) * _GOLDEN, inplace)
 
 
 def uniform(bits: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Uniform in (0, 1), 24 bits of resolution."""
-    return (_shr(bits, 8).to(dtype) + 0.5) * (1.0 / 2**24)
+    """Uniform in (0, 1), 24 bits of resolution (a new tensor; ``bits`` is left as it is)."""
+    return _shr(bits, 8).to(dtype).add_(0.5).mul_(1.0 / 2**24)
 
 
 def gumbel_like(bits: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     """``log(-log u)``: log of a unit exponential, the Weibull noise ``k * log(S / lam)``."""
-    return torch.log(-torch.log(uniform(bits, dtype)))
+    return uniform(bits, dtype).log_().neg_().log_()
 
 
 def gaussian(bits: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     """Standard normal by the inverse CDF, ``sqrt(2) erfinv(2u - 1)``."""
-    return math.sqrt(2.0) * torch.erfinv(2.0 * uniform(bits, dtype) - 1.0)
+    return uniform(bits, dtype).mul_(2.0).sub_(1.0).erfinv_().mul_(math.sqrt(2.0))
 
 
 def log_noise(bits: Tensor, family: str, k: float, sigma: float, dtype: torch.dtype = torch.float32) -> Tensor:
     """What q adds to the scores before the softmax: ``g / k`` (Weibull, shape k) or
     ``sigma * eps`` (Lognormal, scale sigma); the constants that cancel in the softmax are left out."""
     if family == "weibull":
-        return gumbel_like(bits, dtype) / k
+        return gumbel_like(bits, dtype).div_(k)
     if family == "lognormal":
-        return gaussian(bits, dtype) * sigma
+        return gaussian(bits, dtype).mul_(sigma)
     raise ValueError(f"no attention noise for family {family!r}")
 
 

@@ -15,7 +15,7 @@ from bam_pyro import AttentionGuide, BamConfig, BayesianAttention, DenseKeys, Mu
 from bam_pyro.attention_map import AttentionMap
 from bam_pyro.distributions import variational_distribution
 from bam_pyro.attention import set_fused
-from bam_pyro.fused import chunked_attention
+from bam_pyro.fused import chunk_noise, chunked_attention
 from bam_pyro.fused_sites import DotProductCall, FusedPosterior, FusedPrior
 from bam_pyro.normalize import log_normalized, normalize
 from bam_pyro.sites import SITE_INFO, attention_sites
@@ -354,6 +354,21 @@ def test_encoder_decoder_sites_count_the_same_entries_on_both_paths():
         assert scales[0][name] == pytest.approx(scales[1][name]), name
 
 
+@pytest.mark.parametrize("family", ["weibull", "lognormal"])
+def test_flex_score_mod_adds_the_chunked_noise(family):
+    """The CUDA route's score_mod (the hash out of place, entry by entry) adds the noise that the
+    chunked function hashes in place: evaluated here on index grids that broadcast as
+    FlexAttention's vmap does."""
+    from bam_pyro.fused import noise_score_mod
+
+    keys = noise.row_keys(torch.tensor(5), B, H)
+    b, h, q_idx, kv_idx = (torch.arange(n).reshape([-1 if i == axis else 1 for i in range(4)])
+                           for axis, n in enumerate((B, H, 20, 30)))
+    added = noise_score_mod(keys, 20, family, 2.0, 0.7)(torch.zeros(B, H, 20, 30), b, h, q_idx, kv_idx)
+    drawn, _ = chunk_noise(keys, torch.arange(20), torch.arange(30), family, 2.0, 0.7, 0.0, torch.float32)
+    assert torch.equal(added, drawn)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("family", ["weibull", "lognormal"])
@@ -415,3 +430,20 @@ def test_transformers_output_attentions_returns_the_maps_and_otherwise_takes_the
     torch.testing.assert_close(maps[0].sum(-1), torch.ones(2, 4, 6))
     assert (maps[0][1, ..., 4:] == 0).all()
     assert network(ids, attention_mask=mask).attentions is None
+
+
+@pytest.mark.slow  # Inductor compiles FlexAttention's CPU kernel: about half a minute
+@pytest.mark.parametrize("family", ["weibull", "lognormal"])
+def test_compiled_flex_attention_adds_the_chunked_noise(family):
+    """Under Inductor (the CUDA route compiles FlexAttention; CPU's compiled kernel runs inference
+    without the normalizer), the score_mod's hash gives the chunked function's noise."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from bam_pyro.fused import noise_score_mod
+
+    q, k, v = (t.detach() for t in inputs(lq=128, lk=128))
+    keys = noise.row_keys(torch.tensor(5), B, H)
+    with torch.no_grad():
+        out_c, _ = chunked_attention(q, k, v, keys, family, k=2.0, sigma=0.7, chunk=50)
+        out_f = torch.compile(flex_attention)(q, k, v, score_mod=noise_score_mod(keys, 128, family, 2.0, 0.7), scale=1.0)
+    torch.testing.assert_close(out_f, out_c, atol=1e-5, rtol=1e-4)
