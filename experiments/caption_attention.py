@@ -117,12 +117,15 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Path]:
         posterior[:args.shown, photo, :steps].transpose(1, 0, 2), args.figure or args.run / "figures" / "attention.png",
         title=f"{settings.variant} seed {settings.seed}: \"{' '.join(words[:steps])}\"")
 
-    def as_entries(draws: np.ndarray) -> np.ndarray:  # [draws, photos, steps, cells] -> [draws, 1, photos * steps, cells]
-        return draws.reshape(draws.shape[0], 1, -1, draws.shape[-1])
-
     steps_of = [step_words(data, split, p) for p in range(len(split))]
-    queries = [f"{image.name}:{t}:{words[t] if t < len(words) else ''}" for image, words in zip(split.images, steps_of)
-               for t in range(posterior.shape[2])]
+    photo_of, step_of = np.array([(p, t) for p, words in enumerate(steps_of) for t in range(len(words))]).T
+
+    def as_entries(draws: np.ndarray) -> np.ndarray:
+        """[draws, photos, steps, cells] -> [draws, 1, caption steps, cells]: the steps up to each
+        caption's end (the padding after it predicts nothing)."""
+        return draws[:, photo_of, step_of][:, None]
+
+    queries = [f"{split.images[p].name}:{t}:{steps_of[p][t]}" for p, t in zip(photo_of, step_of)]
     diagnostics = AttentionDiagnostics.of([{SITE: as_entries(p)} for p, _ in chains],
                                           [{SITE: as_entries(np.broadcast_to(q, p.shape))} for p, q in chains], queries=queries)
     written = diagnostics.write(args.diagnostics or args.run / "diagnostics", run=str(args.run))
