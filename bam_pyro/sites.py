@@ -93,7 +93,12 @@ class AttentionSites:
         the same keys at every step (a caption's image grid, a translation's source) computes their
         contextual prior once instead of once per step. Keys are the same when they are the same
         view (shape, strides, offset) of the same tensor, unmodified in between; the entry holds the
-        tensor, so its identity cannot be reused within the pass."""
+        tensor, so its identity cannot be reused within the pass. Under ``torch.compile`` it is
+        ``make()`` every call: a guard on the tensors' identities recompiled every layer until
+        Dynamo's recompilation limit (measured on MiniLM). Encoders lose nothing by it; a compiled
+        decoder computes its prior at every step."""
+        if torch.compiler.is_compiling():
+            return make()
         root = keys if keys._base is None else keys._base
         tag = (id(owner), id(root), keys.shape, keys.stride(), keys.storage_offset(), keys.dtype)
         entry = self.keyed.get(tag)
