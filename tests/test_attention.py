@@ -498,3 +498,27 @@ def test_a_decoder_computes_the_contextual_prior_of_its_keys_once_per_pass():
         keys.mul_(2.0)  # changed in place: computed again
         second = attention._prior_logits(keys, torch.float32)
     assert len(calls) == 2 and not torch.allclose(first, second)
+
+
+def test_compiled_attention_of_several_modules_over_several_keys_compiles_once():
+    """Under torch.compile the keys' identities are not looked up (a guard on them recompiled every
+    layer of a transformer until Dynamo's limit): the prior logits of a second module and other
+    keys reuse the first compiled graph."""
+    import torch._dynamo as dynamo
+
+    torch.manual_seed(0)
+    config = BamConfig("wc", k=10.0, beta=1e-2, d_mid=4)
+    layers = [BayesianAttention(config, num_heads=1, key_dim=6) for _ in range(2)]
+
+    def logits(layer: BayesianAttention, keys: torch.Tensor) -> torch.Tensor:
+        return layer._prior_logits(keys, torch.float32)
+
+    dynamo.reset()
+    compiled = torch.compile(logits, backend="eager")
+    try:
+        with attention_sites(), dynamo.config.patch(error_on_recompile=True):
+            for layer in layers:
+                keys = torch.randn(3, 5, 1, 6)
+                torch.testing.assert_close(compiled(layer, keys), logits(layer, keys))
+    finally:
+        dynamo.reset()
