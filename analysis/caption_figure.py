@@ -18,6 +18,12 @@ import numpy as np
 
 from analysis.plots import plt, save_figure
 
+#: a panel is 1.6 inches: at 80 dpi about 128 pixels, which the photo is resized to, in a palette
+#: of 128 colours (a caption of ten words is 50 panels; at 120 dpi in RGB the PNG took 2 MB)
+FIGURE_DPI = 80
+PANEL_PIXELS = 128
+FIGURE_COLORS = 128
+
 
 def grid_side(cells: int) -> int:
     side = math.isqrt(cells)
@@ -41,7 +47,7 @@ def attention_figure(photo: Path, words: Sequence[str], prior: np.ndarray, poste
                          f"samples {samples.shape} do not describe the same steps and cells")
     side = grid_side(cells)
     with Image.open(photo) as image:
-        pixels = np.asarray(image.convert("RGB").resize((224, 224)))
+        pixels = np.asarray(image.convert("RGB").resize((PANEL_PIXELS, PANEL_PIXELS)))
     panels = [("prior", prior), ("posterior mean", posterior_mean),
               *((f"draw {d + 1}", samples[:, d]) for d in range(samples.shape[1]))]
     fig, axes = plt.subplots(steps, len(panels), figsize=(1.6 * len(panels), 1.6 * steps + 0.4), squeeze=False)
@@ -61,4 +67,4 @@ def attention_figure(photo: Path, words: Sequence[str], prior: np.ndarray, poste
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    return save_figure(fig, path)
+    return save_figure(fig, path, dpi=FIGURE_DPI, colors=FIGURE_COLORS)

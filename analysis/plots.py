@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import matplotlib
 
@@ -17,11 +17,18 @@ import xarray as xr  # noqa: E402
 from bam_pyro.metrics import Reliability  # noqa: E402
 
 
-def save_figure(fig, path: Path) -> Path:
-    """Write ``fig`` as PNG (creating the folder) and close it; returns the path."""
+def save_figure(fig, path: Path, dpi: int = 120, colors: Optional[int] = None) -> Path:
+    """Write ``fig`` as PNG (creating the folder) and close it; returns the path. ``colors``: a
+    palette of that many colours (for figures of photos, which are several times larger as RGB)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    if colors is not None:
+        from PIL import Image
+
+        with Image.open(path) as image:
+            palette = image.convert("RGB").quantize(colors=colors, method=Image.Quantize.MEDIANCUT)
+        palette.save(path, optimize=True)
     plt.close(fig)
     return path
 

@@ -52,9 +52,9 @@ def _shr(x: Tensor, n: int, out: Optional[Tensor] = None) -> Tensor:
 
 def mix32(x: Tensor, inplace: bool = False) -> Tensor:
     """lowbias32 finalizer of int32 words (a bijection of 32-bit words). ``inplace=True`` overwrites
-    ``x`` and shifts into one scratch tensor: the same bits without the five full-size allocations
-    per call, which cost as much as the arithmetic on CPU (each fresh multi-megabyte tensor is
-    fresh pages). Out of place for FlexAttention's ``score_mod``."""
+    ``x`` and shifts into one scratch tensor: the same bits with one full-size allocation instead of
+    one per operation, which on CPU cost as much as the arithmetic (each fresh multi-megabyte tensor
+    is fresh pages). Out of place for FlexAttention's ``score_mod``."""
     scratch = torch.empty_like(x) if inplace else None
 
     def xorshift(x: Tensor, n: int) -> Tensor:
