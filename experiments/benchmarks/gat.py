@@ -3,6 +3,7 @@
     python -m experiments.bench gat                              Cora
     python -m experiments.bench gat --nodes 200000 --edges 2000000   a random graph of that size
     python -m experiments.bench gat --compile --models soft wc      eager vs torch.compile'd networks
+    python -m experiments.bench gat --device cuda                   on a GPU
 
 Times come from one fresh process that builds all models and takes their steps in turn
 (round-robin), so that every model sees the same machine conditions; each time is the median over
@@ -20,12 +21,14 @@ replaced once beforehand (:func:`models.gat.with_self_loops`) and layers that ad
 edges, and no per-call edge selection of data-dependent size, which would split the compiled
 graph. Pyro's sample statements still split it at each attention site (see the Pyro integration
 page, "Devices and precision"). Memory is not measured with ``--compile``.
+
+``--device cuda`` puts the graph and the models on a GPU: times wait for its kernels, memory is the
+caching allocator's peak during a step.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import statistics
 import time
@@ -38,7 +41,7 @@ from torch_geometric.nn import GATConv
 
 from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.training import SVITrainer
-from experiments.benchmarks.process import RETURN_FREED_BLOCKS, in_fresh_process, reset_peak, resident_mb
+from experiments.benchmarks.process import RETURN_FREED_BLOCKS, add_device_option, in_fresh_process, step_peak_mb, synchronized
 from experiments.gat import GatSettings
 from experiments.planetoid import load_planetoid
 from experiments.runner import whole_number
@@ -91,13 +94,15 @@ COMPILED = "+compile"
 
 
 def step_function(name: str, x, edge_index, y, train, num_classes, dropout_per_head: bool,
-                  loops_added: bool = False) -> Callable[[], None]:
-    """One training step of model ``name`` (``"wc+compile"``: its network compiled). With
-    ``loops_added`` the graph holds its self-loops already and the layers add none."""
+                  loops_added: bool = False, device: str = "cpu") -> Callable[[], None]:
+    """One training step of model ``name`` (``"wc+compile"``: its network compiled) on ``device``
+    (the graph is moved there). With ``loops_added`` the graph holds its self-loops already and the
+    layers add none."""
     torch.manual_seed(0)
     name, compiled = name.removesuffix(COMPILED), name.endswith(COMPILED)
+    x, edge_index, y, train = (t.to(device) for t in (x, edge_index, y, train))
     if name == "gatconv":
-        model = PygGAT(x.size(1), num_classes, add_self_loops=not loops_added)
+        model = PygGAT(x.size(1), num_classes, add_self_loops=not loops_added).to(device)
         if compiled:
             model = torch.compile(model)
         optimizer = torch.optim.Adam(model.parameters(), lr=0.005, weight_decay=5e-4)
@@ -108,28 +113,28 @@ def step_function(name: str, x, edge_index, y, train, num_classes, dropout_per_h
             loss.backward()
             optimizer.step()
 
-        return step
+        return synchronized(device, step)
     config = BamConfig(name, k=1.0, beta=1e-10, d_mid=1)
     model = build_node_classifier(
         x.size(1), num_classes, config, ObjectiveConfig(anneal_rate=0.1), dropout_per_head=dropout_per_head,
         add_self_loops=not loops_added,
-    )
+    ).to(device)
     if compiled:
         model.network = torch.compile(model.network)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.005, weight_decay=5e-4)
     trainer = SVITrainer(model, AttentionGuide(model.model), optimizer)
-    return lambda: trainer.step(x, edge_index, y=y, nodes=train)
+    return synchronized(device, lambda: trainer.step(x, edge_index, y=y, nodes=train))
 
 
 def measure_time(models: list[str], size: GraphSize, steps: int, threads: int, dropout_per_head: bool,
-                 loops_added: bool = False) -> dict:
+                 loops_added: bool = False, device: str = "cpu") -> dict:
     """Step times (s) of each model, the models taking their steps in turn: their medians (ms) and,
     per model, the list of times."""
     torch.set_num_threads(threads)
     x, edge_index, *rest, description = graph(*size)
     if loops_added:
         edge_index = with_self_loops(edge_index, x.size(0))
-    step_of = {name: step_function(name, x, edge_index, *rest, dropout_per_head, loops_added) for name in models}
+    step_of = {name: step_function(name, x, edge_index, *rest, dropout_per_head, loops_added, device) for name in models}
     for step in step_of.values():
         step()  # first steps: lazy initialization, compilation
         step()
@@ -149,16 +154,12 @@ def paired_ratio(numerator: list[float], denominator: list[float]) -> dict:
     return {"median": round(statistics.median(ratios), 3), "iqr": [round(low, 3), round(high, 3)]}
 
 
-def measure_memory(name: str, size: GraphSize, threads: int, dropout_per_head: bool) -> float:
+def measure_memory(name: str, size: GraphSize, threads: int, dropout_per_head: bool, device: str = "cpu") -> float:
     """Peak memory (MB) of one training step of ``name`` above the memory before it."""
     torch.set_num_threads(threads)
-    step = step_function(name, *graph(*size)[:-1], dropout_per_head)
+    step = step_function(name, *graph(*size)[:-1], dropout_per_head, device=device)
     step()  # first step: lazy initialization
-    gc.collect()
-    before = resident_mb()
-    reset_peak()
-    step()
-    return max(resident_mb("VmHWM") - before, 0.0)
+    return step_peak_mb(step, device)
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -174,20 +175,23 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     p.add_argument("--compile", action="store_true",
                    help="also time each model with its network compiled (torch.compile); no memory figures")
+    add_device_option(p)
     args = p.parse_args(argv)
     if (args.nodes is None) != (args.edges is None):
         p.error("--nodes and --edges go together")
     steps = args.steps or (100 if args.nodes is None else 5)
     size = GraphSize(args.nodes, args.edges, args.features, args.data_root)
     if args.compile:
-        print(json.dumps(compiled_result(args.models, size, steps, args.threads, args.dropout_per_head)))
+        print(json.dumps(compiled_result(args.models, size, steps, args.threads, args.dropout_per_head, args.device)))
         return
-    timed = in_fresh_process(measure_time, (args.models, size, steps, args.threads, args.dropout_per_head))
-    result = {"graph": timed["graph"], "threads": args.threads, "steps": steps, "dropout_per_head": args.dropout_per_head}
+    timed = in_fresh_process(measure_time, (args.models, size, steps, args.threads, args.dropout_per_head, False, args.device))
+    result = {"graph": timed["graph"], "threads": args.threads, "steps": steps, "device": args.device,
+              "dropout_per_head": args.dropout_per_head}
     key = {"gatconv": "gatconv", "soft": "soft", "wc": "bam"}
     ms, peak_mb = timed["ms"], {}
     for name in args.models:
-        peak_mb[name] = in_fresh_process(measure_memory, (name, size, args.threads, args.dropout_per_head), RETURN_FREED_BLOCKS)
+        peak_mb[name] = in_fresh_process(measure_memory, (name, size, args.threads, args.dropout_per_head, args.device),
+                                         RETURN_FREED_BLOCKS)
         result[f"{key[name]}_ms"] = round(ms[name], 2)
         result[f"{key[name]}_peak_mb"] = round(peak_mb[name], 1)
     if "gatconv" in ms and "wc" in ms:
@@ -198,12 +202,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     print(json.dumps(result))
 
 
-def compiled_result(models: list[str], size: GraphSize, steps: int, threads: int, dropout_per_head: bool) -> dict:
+def compiled_result(models: list[str], size: GraphSize, steps: int, threads: int, dropout_per_head: bool,
+                    device: str = "cpu") -> dict:
     """Eager and compiled step times of ``models`` in one round-robin, with the paired ratios."""
     names = [name + suffix for name in models for suffix in ("", COMPILED)]
-    timed = in_fresh_process(measure_time, (names, size, steps, threads, dropout_per_head, True))
+    timed = in_fresh_process(measure_time, (names, size, steps, threads, dropout_per_head, True, device))
     key = {"gatconv": "gatconv", "soft": "soft", "wc": "bam"}
-    result = {"graph": timed["graph"], "threads": threads, "steps": steps, "dropout_per_head": dropout_per_head,
+    result = {"graph": timed["graph"], "threads": threads, "steps": steps, "device": device, "dropout_per_head": dropout_per_head,
               "self_loops": "added once beforehand"}
     for name in names:
         base = name.removesuffix(COMPILED)
