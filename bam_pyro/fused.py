@@ -22,7 +22,9 @@ Two routes:
   Attention dropout is drawn from the same counters (a second stream), so it replays too.
 - :func:`flex_attention_route` (CUDA): FlexAttention with a ``score_mod`` that adds the hashed
   noise, forward and backward, and a second call without noise for the clean normalizer. No
-  attention dropout (FlexAttention has none); torch 2.13's FlexAttention has no CPU backward.
+  attention dropout (FlexAttention has none); torch 2.13's FlexAttention has no CPU backward, and
+  its CUDA kernels need heads of at least 16 dimensions (measured on torch 2.11, H100: 4 fails to
+  lower).
 
 :func:`bayesian_dot_attention` picks the route.
 """
@@ -240,11 +242,22 @@ def flex_attention_route(query: Tensor, key: Tensor, value: Tensor, row_keys: Te
     return out, lse
 
 
+#: the smallest head (query/key and value dimensions) FlexAttention's kernels take
+FLEX_MIN_HEAD_DIM = 16
+
+
+def flex_attention_fits(query: Tensor, value: Tensor, dropout: float) -> bool:
+    """Whether :func:`flex_attention_route` can take the call: CUDA, no attention dropout, and heads
+    of at least :data:`FLEX_MIN_HEAD_DIM` dimensions."""
+    return query.is_cuda and not dropout and min(query.shape[-1], value.shape[-1]) >= FLEX_MIN_HEAD_DIM
+
+
 def bayesian_dot_attention(query: Tensor, key: Tensor, value: Tensor, row_keys: Tensor, family: str, *,
                            k: float = 1.0, sigma: float = 1.0, key_mask: Optional[Tensor] = None,
                            causal: bool = False, dropout: float = 0.0) -> tuple[Tensor, Tensor]:
-    """FlexAttention on CUDA without dropout, the chunked function otherwise (same arguments)."""
-    if query.is_cuda and not dropout:
+    """FlexAttention where it fits (:func:`flex_attention_fits`), the chunked function otherwise
+    (same arguments)."""
+    if flex_attention_fits(query, value, dropout):
         return flex_attention_route(query, key, value, row_keys, family, k=k, sigma=sigma, key_mask=key_mask, causal=causal)
     return chunked_attention(query, key, value, row_keys, family, k=k, sigma=sigma, key_mask=key_mask,
                              causal=causal, dropout=dropout)

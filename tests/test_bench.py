@@ -1,10 +1,12 @@
 """The benchmark commands run end to end and print the figures the README quotes."""
 
 import json
+import os
 
 import pytest
+import torch
 
-from experiments.benchmarks import bert, gat, predictive
+from experiments.benchmarks import bert, gat, predictive, process
 
 
 @pytest.mark.slow  # fresh processes per model; run with make test-slow
@@ -54,3 +56,20 @@ def test_predictive_bench_samples_a_saved_model_in_a_fresh_process(tmp_path, cor
     assert figures["nodes"] == data.num_nodes and len(figures["seconds_all"]) == 2
     assert figures["layers"] == ["conv1.attention", "conv2.attention"]
     assert figures["peak_mb"] > 0
+
+
+def test_memory_is_measured_in_a_fresh_process_on_the_cpu():
+    assert process.memory_measurement(os.getpid, (), "cpu") != os.getpid()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_memory_is_measured_in_this_process():
+    assert process.memory_measurement(os.getpid, (), "cuda") == os.getpid()
+
+
+def test_untrained_predictive_bench_leaves_the_trained_checkpoint_alone(tmp_path, data_root):
+    checkpoint = tmp_path / "trained.pt"
+    figures = predictive.main(["--untrained", "--samples", "2", "--chunk", "2", "--repeats", "1", "--data-root", str(data_root),
+                               "--checkpoint", str(checkpoint)])
+    assert figures["trained"] is False and figures["seconds"] > 0 and not checkpoint.exists()

@@ -32,11 +32,11 @@ CONFIGS = {
 B, H, LQ, LK, D = 2, 3, 5, 6, 4
 
 
-def inputs(lq=LQ, lk=LK, seed=0):
+def inputs(lq=LQ, lk=LK, seed=0, d=D):
     g = torch.Generator().manual_seed(seed)
-    q = (torch.randn(B, H, lq, D, generator=g) * 0.6).requires_grad_()
-    k = torch.randn(B, H, lk, D, generator=g).requires_grad_()
-    v = torch.randn(B, H, lk, D, generator=g).requires_grad_()
+    q = (torch.randn(B, H, lq, d, generator=g) * 0.6 / (d / D) ** 0.5).requires_grad_()
+    k = torch.randn(B, H, lk, d, generator=g).requires_grad_()
+    v = torch.randn(B, H, lk, d, generator=g).requires_grad_()
     return q, k, v
 
 
@@ -369,20 +369,38 @@ def test_flex_score_mod_adds_the_chunked_noise(family):
     assert torch.equal(added, drawn)
 
 
+def test_flex_attention_takes_only_cuda_calls_without_dropout_and_with_heads_of_16_or_more():
+    from bam_pyro.fused import flex_attention_fits
+
+    class OnCuda(torch.Tensor):  # a CPU tensor that says it is on CUDA: the rule, without a GPU
+        is_cuda = True
+
+    def head(d, on_cuda=True):
+        t = torch.zeros(1, 1, 2, d)
+        return t.as_subclass(OnCuda) if on_cuda else t
+
+    assert flex_attention_fits(head(16), head(16), dropout=0.0)
+    assert flex_attention_fits(head(64), head(32), dropout=0.0)
+    assert not flex_attention_fits(head(4), head(16), dropout=0.0)  # FlexAttention does not lower heads under 16
+    assert not flex_attention_fits(head(16), head(8), dropout=0.0)
+    assert not flex_attention_fits(head(16), head(16), dropout=0.1)  # FlexAttention has no dropout
+    assert not flex_attention_fits(head(16, False), head(16, False), dropout=0.0)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("family", ["weibull", "lognormal"])
-@pytest.mark.parametrize("mask_kind", ["none", "padding", "causal-padding"])
+@pytest.mark.parametrize("family, mask_kind", [("weibull", "causal-padding"), ("lognormal", "padding"), ("weibull", "none")])
 def test_flex_attention_route_equals_the_chunked_function_on_cuda(family, mask_kind):
     """FlexAttention with the hashed noise in its score_mod: the same output, normalizer and
-    gradients as the chunked function (the same counters), forward and backward."""
-    from bam_pyro.fused import flex_attention_route
+    gradients as the chunked function (the same counters), forward and backward. Heads of 16
+    dimensions, FlexAttention's smallest."""
+    from bam_pyro.fused import FLEX_MIN_HEAD_DIM, flex_attention_route
 
-    q, k, v = (t.detach().cuda().requires_grad_() for t in inputs(lq=130, lk=130))
+    q, k, v = (t.detach().cuda().requires_grad_() for t in inputs(lq=130, lk=130, d=FLEX_MIN_HEAD_DIM))
     key_mask, _, causal = masks(mask_kind, 130, 130)
     key_mask = None if key_mask is None else key_mask.cuda()
     keys = noise.row_keys(torch.tensor(5, device="cuda"), B, H)
-    probe = torch.randn(B, H, 130, D, device="cuda")
+    probe = torch.randn(B, H, 130, FLEX_MIN_HEAD_DIM, device="cuda")
     results = []
     for route in (chunked_attention, flex_attention_route):
         out, lse = route(q, k, v, keys, family, k=2.0, sigma=0.7, key_mask=key_mask, causal=causal)

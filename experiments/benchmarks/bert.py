@@ -31,6 +31,9 @@ path's noise through it (:func:`bam_pyro.fused.compile_noise`) in the timing pro
 steps take the compilation), while the memory processes draw it eagerly: the tensors are the
 same, and the compiler's own memory is not the method's. ``--device cuda`` builds the models and
 the batch on a GPU: times wait for its kernels, memory is the caching allocator's peak.
+
+Memory measurements run in a fresh process on the CPU and in the benchmark's own process on a GPU
+(:func:`~experiments.benchmarks.process.memory_measurement`).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ import time
 from typing import Any, Callable, Optional
 
 from experiments.benchmarks.process import (
-    RETURN_FREED_BLOCKS, add_device_option, in_fresh_process, soft_and_bam_figures, synchronized, two_step_peak_mb,
+    add_device_option, in_fresh_process, memory_measurement, soft_and_bam_figures, synchronized, two_step_peak_mb,
 )
 from experiments.runner import whole_number
 from bam_pyro.transformers import DEFAULT_MODEL, resolve_pretrained
@@ -155,8 +158,8 @@ def bench_shape(args: argparse.Namespace, model: str, batch: int, length: int) -
                                                       args.compile, args.compiled_noise, args.device))
     soft, bam = (
         {"ms": timing[f"{name}_ms"],
-         **in_fresh_process(measure_memory, (variant,) + common + (args.threads, args.k, not args.materialized, args.compile,
-                                                                  args.device), RETURN_FREED_BLOCKS)}
+         **memory_measurement(measure_memory, (variant,) + common + (args.threads, args.k, not args.materialized, args.compile,
+                                                                    args.device), args.device)}
         for name, variant in (("soft", "soft"), ("bam", "wc"))
     )
     figures = soft_and_bam_figures(soft, bam)

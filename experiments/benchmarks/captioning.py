@@ -11,6 +11,9 @@ model and taking two steps above the loaded data, in one fresh process per varia
 (``mem_ratio_range``: lowest and highest). Both models have the task's default sizes and presets
 (:mod:`experiments.captioning`; BAM-WC: k=10, beta=1e-6, d_mid=10) on the Flickr8k subset's
 features (cached by :mod:`experiments.caption_features`), and train with the task's ELBO.
+
+Memory measurements run in a fresh process on the CPU and in the benchmark's own process on a GPU
+(:func:`~experiments.benchmarks.process.memory_measurement`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import time
 from typing import Any, Callable, Optional
 
 from experiments.benchmarks.process import (
-    RETURN_FREED_BLOCKS, add_device_option, in_fresh_process, interleaved_step_ms, synchronized, to_device, two_step_peak_mb,
+    add_device_option, in_fresh_process, interleaved_step_ms, memory_measurement, synchronized, to_device, two_step_peak_mb,
 )
 from experiments.runner import whole_number
 
@@ -97,7 +100,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     times = in_fresh_process(measure_time, (args.batch, args.steps, args.warmup, args.threads, args.device))
     ratios = [bam / soft for soft, bam in zip(times["soft"], times["wc"])]
     q1, ratio, q3 = quartiles(ratios)
-    peaks = {variant: [in_fresh_process(measure_memory, (variant, args.batch, args.threads, args.device), RETURN_FREED_BLOCKS)["peak_mb"]
+    peaks = {variant: [memory_measurement(measure_memory, (variant, args.batch, args.threads, args.device), args.device)["peak_mb"]
                        for _ in range(args.memory_repeats)] for variant in VARIANTS}
     memory_ratios = [bam / soft for soft, bam in zip(peaks["soft"], peaks["wc"])]
     result = {

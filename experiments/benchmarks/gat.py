@@ -24,6 +24,9 @@ page, "Devices and precision"). Memory is not measured with ``--compile``.
 
 ``--device cuda`` puts the graph and the models on a GPU: times wait for its kernels, memory is the
 caching allocator's peak during a step.
+
+Memory measurements run in a fresh process on the CPU and in the benchmark's own process on a GPU
+(:func:`~experiments.benchmarks.process.memory_measurement`).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from torch_geometric.nn import GATConv
 
 from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.training import SVITrainer
-from experiments.benchmarks.process import RETURN_FREED_BLOCKS, add_device_option, in_fresh_process, step_peak_mb, synchronized
+from experiments.benchmarks.process import add_device_option, in_fresh_process, memory_measurement, step_peak_mb, synchronized
 from experiments.gat import GatSettings
 from experiments.planetoid import load_planetoid
 from experiments.runner import whole_number
@@ -190,8 +193,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     key = {"gatconv": "gatconv", "soft": "soft", "wc": "bam"}
     ms, peak_mb = timed["ms"], {}
     for name in args.models:
-        peak_mb[name] = in_fresh_process(measure_memory, (name, size, args.threads, args.dropout_per_head, args.device),
-                                         RETURN_FREED_BLOCKS)
+        peak_mb[name] = memory_measurement(measure_memory, (name, size, args.threads, args.dropout_per_head, args.device),
+                                           args.device)
         result[f"{key[name]}_ms"] = round(ms[name], 2)
         result[f"{key[name]}_peak_mb"] = round(peak_mb[name], 1)
     if "gatconv" in ms and "wc" in ms:

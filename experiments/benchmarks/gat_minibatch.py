@@ -11,6 +11,9 @@ the OS; the allocator's peak on a GPU), i.e. what training needs on top of the g
 parameters; ``*_ms`` the median step time. A full-batch step is one pass over the graph; a
 mini-batch step samples one batch of seeds (the sampling counted in its time and memory) and
 trains on its subgraph with the unbiased ELBO of :mod:`bam_pyro.pyg.minibatch`.
+
+Memory measurements run in a fresh process on the CPU and in the benchmark's own process on a GPU
+(:func:`~experiments.benchmarks.process.memory_measurement`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import statistics
 import time
 from typing import Any, Callable, Optional
 
-from experiments.benchmarks.process import RETURN_FREED_BLOCKS, add_device_option, in_fresh_process, step_peak_mb, synchronized
+from experiments.benchmarks.process import add_device_option, memory_measurement, step_peak_mb, synchronized
 from experiments.runner import whole_number
 
 MODES = ("full", "minibatch")
@@ -107,8 +110,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     result: dict[str, Any] = {"batch_size": args.batch_size, "num_neighbors": args.num_neighbors, "steps": steps,
                               "threads": args.threads, "device": args.device}
     for mode in args.modes:
-        figures = in_fresh_process(measure, (mode, size, args.batch_size, args.num_neighbors, args.device, steps, args.threads),
-                                   RETURN_FREED_BLOCKS)
+        figures = memory_measurement(measure, (mode, size, args.batch_size, args.num_neighbors, args.device, steps, args.threads),
+                                     args.device)
         result["graph"] = figures["graph"]
         result[f"{mode}_peak_mb"] = round(figures["peak_mb"], 1)
         result[f"{mode}_ms"] = round(figures["ms"], 1)

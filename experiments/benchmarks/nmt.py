@@ -13,6 +13,9 @@ The batch is random pieces, the same for every variant: ``batch`` sentence pairs
 target lengths are drawn from ``[3/4 length, length]`` (Multi30k's pieces average 15 per sentence,
 and training batches group similar lengths). Each variant is built and trained as the task trains
 it (:func:`experiments.nmt.build_trainable`, the task's presets), so a new variant is one line here.
+
+Memory measurements run in a fresh process on the CPU and in the benchmark's own process on a GPU
+(:func:`~experiments.benchmarks.process.memory_measurement`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import json
 from typing import Any, Callable, Optional
 
 from experiments.benchmarks.process import (
-    RETURN_FREED_BLOCKS, add_device_option, in_fresh_process, interleaved_step_ms, synchronized, to_device, two_step_peak_mb,
+    add_device_option, in_fresh_process, interleaved_step_ms, memory_measurement, synchronized, to_device, two_step_peak_mb,
 )
 from experiments.runner import whole_number
 
@@ -91,7 +94,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     timed = {name: BENCH_MODELS[name] for name in dict.fromkeys(["soft", "bam", *args.models])}
     shape = (args.preset, args.batch, args.length, args.vocab)
     ms = in_fresh_process(measure_time, ([*timed.values()], *shape, args.steps, args.warmup, args.threads, args.device))
-    peak = {name: in_fresh_process(measure_memory, (BENCH_MODELS[name], *shape, args.threads, args.device), RETURN_FREED_BLOCKS)
+    peak = {name: memory_measurement(measure_memory, (BENCH_MODELS[name], *shape, args.threads, args.device), args.device)
             for name in ("soft", "bam")}
     result: dict[str, Any] = {"preset": args.preset, "batch": args.batch, "length": args.length, "vocab": args.vocab,
                               "threads": args.threads, "device": args.device}

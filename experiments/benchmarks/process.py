@@ -5,6 +5,9 @@ CPU torch keeps no allocator statistics, so memory is read from the kernel (Linu
 fresh process per measurement makes a process's peak its own; with ``RETURN_FREED_BLOCKS`` glibc
 hands every block of 64 KiB or more straight back to the OS, so that resident memory follows live
 tensors rather than the allocator's cache (it slows allocation, so times are taken without it).
+On a GPU the caching allocator counts allocated bytes and its peak is reset per measurement, so
+:func:`memory_measurement` runs there in the calling process (a fresh process costs seconds of
+imports and CUDA start-up, which a GPU check of a few minutes cannot spare).
 """
 
 from __future__ import annotations
@@ -33,6 +36,19 @@ def in_fresh_process(function: Callable, arguments: tuple, environment: Optional
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+def memory_measurement(function: Callable, arguments: tuple, device: str) -> Any:
+    """``function(*arguments)``, a memory measurement on ``device``: in a fresh process that returns
+    freed blocks to the OS on the CPU, in this process on a GPU (the allocator's peak statistics are
+    reset by the measurement itself; cached blocks are emptied first)."""
+    if not device.startswith("cuda"):
+        return in_fresh_process(function, arguments, RETURN_FREED_BLOCKS)
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    return function(*arguments)
 
 
 def resident_mb(field: str = "VmRSS") -> float:

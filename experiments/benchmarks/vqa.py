@@ -12,6 +12,9 @@ the model and taking two steps minus the resident set before (the data already l
 memory of the model, the optimizer and the training step (``*_rss_mb`` give the peaks themselves).
 Both models have the task's default sizes and presets (``experiments.vqa``; BAM-WC: k=1000,
 beta=1e-6, d_mid=20) and train with :class:`~bam_pyro.training.SVITrainer`'s default ELBO.
+
+Memory measurements run in a fresh process on the CPU and in the benchmark's own process on a GPU
+(:func:`~experiments.benchmarks.process.memory_measurement`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import math
 from typing import Any, Callable, Optional
 
 from experiments.benchmarks.process import (
-    RETURN_FREED_BLOCKS, add_device_option, in_fresh_process, interleaved_step_ms, soft_and_bam_figures, synchronized,
+    add_device_option, in_fresh_process, interleaved_step_ms, memory_measurement, soft_and_bam_figures, synchronized,
     to_device, two_step_peak_mb,
 )
 from experiments.runner import whole_number
@@ -85,8 +88,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     timing = in_fresh_process(measure_time, (["soft", "wc"], args.batch, args.steps, args.warmup, args.threads, args.train_images,
                                              args.device))
     soft, bam = (
-        {"ms": timing[variant], **in_fresh_process(measure_memory, (variant, args.batch, args.threads, args.train_images, args.device),
-                                                   RETURN_FREED_BLOCKS)}
+        {"ms": timing[variant], **memory_measurement(measure_memory, (variant, args.batch, args.threads, args.train_images,
+                                                                      args.device), args.device)}
         for variant in ("soft", "wc")
     )
     steps_per_epoch = math.ceil(timing["train_questions"] / args.batch)
