@@ -194,12 +194,15 @@ def chunked_attention(query: Tensor, key: Tensor, value: Tensor, row_keys: Tenso
 
 def noise_score_mod(row_keys: Tensor, num_queries: int, family: str, k: float, sigma: float) -> Callable[..., Tensor]:
     """FlexAttention ``score_mod`` that adds the counter-based noise of (batch item, head, query,
-    key) to each score: the chunked route's draw, entry by entry."""
+    key) to each score: the chunked route's draw, entry by entry. ``k`` and ``sigma`` travel as
+    0-d tensors: as Python floats, a second value would recompile FlexAttention with a symbolic
+    float, which Inductor fails to lower."""
     rows = noise.query_keys(row_keys, torch.arange(num_queries, device=row_keys.device))  # [N, H, Lq]
+    shape, scale = (torch.tensor(v, dtype=torch.float32, device=row_keys.device) for v in (k, sigma))
 
     def add_noise(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         bits = noise.entry_bits(rows[b, h, q_idx], kv_idx)
-        return score + noise.log_noise(bits, family, k, sigma, score.dtype)
+        return score + noise.log_noise(bits, family, shape, scale, score.dtype)
 
     return add_noise
 

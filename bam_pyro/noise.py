@@ -111,7 +111,7 @@ def gaussian(bits: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     return uniform(bits, dtype).mul_(2.0).sub_(1.0).erfinv_().mul_(math.sqrt(2.0))
 
 
-def log_noise(bits: Tensor, family: str, k: float, sigma: float, dtype: torch.dtype = torch.float32) -> Tensor:
+def log_noise(bits: Tensor, family: str, k: float | Tensor, sigma: float | Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     """What q adds to the scores before the softmax: ``g / k`` (Weibull, shape k) or
     ``sigma * eps`` (Lognormal, scale sigma); the constants that cancel in the softmax are left out."""
     if family == "weibull":

@@ -465,3 +465,21 @@ def test_compiled_flex_attention_adds_the_chunked_noise(family):
         out_c, _ = chunked_attention(q, k, v, keys, family, k=2.0, sigma=0.7, chunk=50)
         out_f = torch.compile(flex_attention)(q, k, v, score_mod=noise_score_mod(keys, 128, family, 2.0, 0.7), scale=1.0)
     torch.testing.assert_close(out_f, out_c, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.slow  # Inductor compiles FlexAttention's CPU kernel: about half a minute
+def test_compiled_flex_attention_takes_other_noise_constants_without_recompiling():
+    """k and sigma reach the score_mod as tensors: a second model's constants reuse the compiled
+    kernel. As Python floats they recompiled it with a symbolic float, which Inductor failed to lower."""
+    from bam_pyro.fused import _compiled_flex_attention, noise_score_mod
+
+    torch._dynamo.reset()
+    attend = _compiled_flex_attention()
+    q, k, v = (t.detach() for t in inputs(lq=32, lk=32))
+    keys = noise.row_keys(torch.tensor(5), B, H)
+    with torch.no_grad():
+        attend(q, k, v, score_mod=noise_score_mod(keys, 32, "weibull", 2.0, 0.7), scale=1.0)
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            out = attend(q, k, v, score_mod=noise_score_mod(keys, 32, "weibull", 5.0, 0.7), scale=1.0)
+        expected, _ = chunked_attention(q, k, v, keys, "weibull", k=5.0, chunk=10)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
