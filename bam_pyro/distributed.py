@@ -52,6 +52,12 @@ class DeviceSettings:
     ``devices``: devices (processes) per node, or ``"auto"``: the processes an outside launcher
     (torchrun, SLURM) started per node, else one. The defaults train in one process, on the GPU
     if there is one, in float32: on a machine without one, exactly as without Fabric.
+
+    ``deterministic``: torch's deterministic algorithms for the whole process (see
+    :func:`use_deterministic_algorithms`), so that a run resumed on a GPU takes the steps it would
+    have taken; without it, GPU kernels that add with atomics (scatters, embedding gradients) or that
+    cuDNN picks by timing may change the last bits from run to run. On the CPU the loop is exact
+    either way.
     """
 
     accelerator: Accelerator = "auto"
@@ -59,6 +65,7 @@ class DeviceSettings:
     num_nodes: int = 1
     strategy: Strategy = "auto"
     precision: Precision = "32-true"
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         for name, allowed in (("accelerator", ACCELERATORS), ("strategy", STRATEGIES), ("precision", PRECISIONS)):
@@ -231,11 +238,22 @@ class FabricEngine(LocalEngine):
 Engine = Union[LocalEngine, FabricEngine]
 
 
+def use_deterministic_algorithms() -> None:
+    """torch's deterministic algorithms from now on, in this process: an operation without a
+    deterministic kernel raises, naming itself, rather than run; cuDNN stops choosing kernels by
+    timing; cuBLAS gets the fixed workspace it needs (``CUBLAS_WORKSPACE_CONFIG``, unless set)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+
+
 def engine_for(settings: Optional[DeviceSettings] = None) -> Engine:
     """The engine for ``settings`` (default: :class:`DeviceSettings`' defaults): :class:`LocalEngine`
     where they describe one CPU process in float32 and no launcher started several; else a launched
     :class:`FabricEngine`, which needs the ``lightning`` extra."""
     settings = settings or DeviceSettings()
+    if settings.deterministic:
+        use_deterministic_algorithms()
     if settings.local and launched_processes_per_node() in (None, 1):
         return LocalEngine()
     return FabricEngine(settings).launch()

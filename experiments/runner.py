@@ -309,6 +309,8 @@ def build_parser(task: Task) -> tuple[argparse.ArgumentParser, list[str]]:
                          help="ddp: data-parallel over the processes (fsdp is refused: see bam_pyro.distributed)")
     devices.add_argument("--precision", choices=PRECISIONS, default=DeviceSettings.precision,
                          help="bf16-mixed / 16-mixed: autocast around the SVI step, float32 parameters")
+    devices.add_argument("--deterministic", action="store_true",
+                         help="torch's deterministic algorithms (exact resume on a GPU; an op without one stops the run, naming it)")
     names = add_settings_options(parser, task.settings, skip=(task.panel, "variant", "seed"))
     return parser, names
 
@@ -324,7 +326,8 @@ def run_cli(task: Task, argv: Optional[Sequence[str]] = None) -> dict[str, pd.Da
         if args.data_root is not None and task.data_source:
             raise ValueError(f"--data-root is not read by {task.name}: its data come from {task.data_source}")
         require_writable_folder(args.out)
-        engine = engine_for(DeviceSettings(args.accelerator, args.devices, args.num_nodes, args.strategy, args.precision))
+        engine = engine_for(DeviceSettings(args.accelerator, args.devices, args.num_nodes, args.strategy, args.precision,
+                                           args.deterministic))
         plan = plan_sweep(task, args.panels, args.variant, args.seeds, {n: getattr(args, n) for n in names}, RunFolder(args.out))
     except (ValueError, TypeError, ImportError) as error:
         parser.exit(2, f"{parser.prog}: error: {str(error).strip().splitlines()[0]}\n")

@@ -133,6 +133,43 @@ def test_resume_inside_an_epoch_on_fabric_matches_the_uninterrupted_run(tmp_path
     assert resumed.history == reference.history
 
 
+@pytest.fixture
+def restore_determinism():
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+def test_deterministic_option_turns_on_torchs_deterministic_algorithms_and_the_record_says_so(tmp_path, data_root,
+                                                                                              restore_determinism):
+    from experiments import gat
+
+    assert not torch.are_deterministic_algorithms_enabled()
+    gat.main(["--variant", "wc", "--max-epochs", "2", "--deterministic", "--threads", "1", "--no-progress",
+              "--data-root", str(data_root), "--out", str(tmp_path)])
+    assert torch.are_deterministic_algorithms_enabled() and os.environ["CUBLAS_WORKSPACE_CONFIG"]
+    record = json.loads(next((tmp_path / "runs").glob("*/record.json")).read_text())
+    assert record["environment"]["deterministic_algorithms"] is True
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_deterministic_resume_inside_an_epoch_on_a_gpu_is_exact(tmp_path, restore_determinism):
+    """With deterministic algorithms a GPU run killed inside an epoch and resumed takes the steps of
+    the uninterrupted run, bit for bit (or an operation of the GAT without a deterministic CUDA kernel
+    raises here, naming itself)."""
+    engine = engine_for(DeviceSettings(accelerator="cuda", devices=1, deterministic=True))
+    assert torch.are_deterministic_algorithms_enabled()
+    reference, batches, evaluate = worker.make_trainer("wc", engine)
+    reference.fit(batches, evaluate, max_epochs=2, progress=False)
+    checkpoint = tmp_path / "run.pt"
+    crashed, batches, evaluate = worker.make_trainer("wc", engine, checkpoint, crash_after=worker.MINIBATCHES + 3)
+    with pytest.raises(worker.Crash):
+        crashed.fit(batches, evaluate, max_epochs=2, progress=False)
+    resumed, batches, evaluate = worker.make_trainer("wc", engine, checkpoint)
+    resumed.fit(batches, evaluate, max_epochs=2, progress=False)
+    assert same_parameters(resumed.model.state_dict(), reference.model.state_dict())
+
+
 def test_lazy_parameters_are_made_before_fabric_wraps_the_model():
     import pyro.distributions as dist
 
