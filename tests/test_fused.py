@@ -483,3 +483,20 @@ def test_compiled_flex_attention_takes_other_noise_constants_without_recompiling
             out = attend(q, k, v, score_mod=noise_score_mod(keys, 32, "weibull", 5.0, 0.7), scale=1.0)
         expected, _ = chunked_attention(q, k, v, keys, "weibull", k=5.0, chunk=10)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "causal-padding"])
+def test_chunked_attention_operators_pass_torchs_custom_op_checks(mask_kind):
+    """Schema, fake (meta) kernels, strides and autograd of the two custom operators, as torch.compile
+    relies on them; on transposed views, as transformers passes them."""
+    from bam_pyro.fused import _chunked_attention_backward_op, _chunked_attention_op
+
+    q, k, v = (t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in inputs(lq=9, lk=9))
+    key_mask, _, causal = masks(mask_kind, 9, 9)
+    keys = noise.row_keys(torch.tensor(3), B, H)
+    settings = ("weibull", 2.0, 0.7, causal, 0.2, 4)
+    torch.library.opcheck(_chunked_attention_op, (q, k, v, keys, key_mask, *settings))
+    out, lse = _chunked_attention_op(q, k, v, keys, key_mask, *settings)
+    grads = (torch.randn_like(out), torch.randn_like(lse))
+    torch.library.opcheck(_chunked_attention_backward_op,
+                          (*grads, q.detach(), k.detach(), v.detach(), lse.detach(), keys, key_mask, *settings))

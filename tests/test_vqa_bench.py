@@ -9,6 +9,7 @@ from experiments.benchmarks import vqa
 
 def test_vqa_bench_prints_times_ratios_and_epoch_minutes(capsys, monkeypatch):
     monkeypatch.setattr(vqa, "in_fresh_process", lambda function, arguments, environment=None: function(*arguments))
+    monkeypatch.setattr(vqa, "memory_measurement", lambda function, arguments, device: function(*arguments))
     monkeypatch.setattr(vqa, "measure_memory", lambda variant, *rest: {"peak_mb": {"soft": 40.0, "wc": 50.0}[variant], "rss_mb": 400.0})
     vqa.main(["--batch", "4", "--steps", "2", "--warmup", "0", "--train-images", "10"])
     figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
