@@ -137,3 +137,86 @@ def test_gat_bench_compile_prints_eager_and_compiled_times_and_paired_ratios(cap
     for key in ("bam_compiled_over_eager", "soft_compiled_over_eager", "bam_over_soft_compiled"):
         low, high = figures[key]["iqr"]
         assert low <= figures[key]["median"] <= high, key
+
+
+# --- the graph attention's gathers and sums of rows under torch.compile on CPU (issue 33) --------
+
+
+def captured_aot_graphs(module, *args):
+    """Forward and backward ATen graphs of ``module(*args).square().sum()`` as AOT autograd hands
+    them to a compiler (run, not compiled: Inductor is not involved), with the outputs and the
+    gradients of the parameters."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = []
+
+    def capture(graph_module, _example_inputs):
+        graphs.append(graph_module)
+        return make_boxed_func(graph_module.forward)
+
+    compiled = torch.compile(module, backend=aot_autograd(fw_compiler=capture, bw_compiler=capture))
+    out = compiled(*args)
+    return graphs, out, torch.autograd.grad(out.square().sum(), trained_outside_pyro(module))
+
+
+def trained_outside_pyro(module) -> list:
+    return [p for name, p in module.named_parameters() if "prior_net" not in name]  # no prior outside Pyro
+
+
+def aten_targets(graphs) -> set:
+    """The operators the graphs call, those of their subgraphs (torch.cond's branches) too."""
+    return {str(node.target) for graph in graphs for module in graph.modules() if isinstance(module, torch.fx.GraphModule)
+            for node in module.graph.nodes if node.op == "call_function"}
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_compiled_gat_keeps_its_gathers_and_sums_of_rows_as_aten_calls(training):
+    """Compiled for CPU, the GAT's gathers and scatter sums over the edges, forward and backward,
+    are the custom operators bam_pyro::gather_rows, sum_rows and group_sums, which Inductor leaves
+    to ATen, and no index_select, index_add, scatter_add or accumulating index_put of torch's,
+    which Inductor lowers into slower loops of its own (bam_pyro.pyg.rows). Training mode
+    includes the per-head dropout of sparse inputs (a gather of the weights and a sum into the
+    nodes). Outputs and gradients are eager mode's."""
+    from models.gat import GAT
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(30, 40, generator=g) < 0.1).float()  # sparse, bag-of-words-like features
+    edge_index = with_self_loops(torch.randint(0, 30, (2, 90), generator=g), 30)
+    network = GAT(40, 3, CONFIGS["wc"], hidden=4, heads=2, dropout=0.5, add_self_loops=False).train(training)
+    torch.manual_seed(1)
+    expected = network(x, edge_index)
+    expected_grads = torch.autograd.grad(expected.square().sum(), trained_outside_pyro(network))
+    torch.manual_seed(1)
+    graphs, got, got_grads = captured_aot_graphs(network, x, edge_index)
+    targets = aten_targets(graphs)
+    assert {"bam_pyro.gather_rows.default", "bam_pyro.sum_rows.default", "bam_pyro.group_sums.default"} <= targets, targets
+    # (the per-target maxima of the rare per-target softmax are a scatter_reduce amax: ATen's already)
+    for slow in ("aten.index_select", "aten.index_add", "aten.scatter_add", "aten.index_put"):
+        assert not any(target.startswith(slow) for target in targets), (slow, targets)
+    torch.testing.assert_close(got, expected)
+    for got_grad, expected_grad in zip(got_grads, expected_grads):
+        torch.testing.assert_close(got_grad, expected_grad)
+
+
+def test_row_operators_pass_opcheck_and_gradcheck():
+    """The custom operators: schema, fake (meta) implementations, autograd registration and
+    gradients in float64 against torch.autograd.gradcheck, each along a leading and an inner dim."""
+    from bam_pyro.pyg import rows
+
+    g = torch.Generator().manual_seed(0)
+    index = torch.randint(0, 5, (9,), generator=g)
+    for dim, shape in ((0, (5, 3)), (-2, (2, 5, 3))):
+        src = torch.randn(*shape, dtype=torch.float64, generator=g, requires_grad=True)
+        edges = torch.randn(*shape[:dim % len(shape)], 9, *shape[dim % len(shape) + 1:], dtype=torch.float64,
+                            generator=g, requires_grad=True)
+        torch.library.opcheck(torch.ops.bam_pyro.gather_rows.default, (src, dim, index))
+        torch.library.opcheck(torch.ops.bam_pyro.sum_rows.default, (edges, dim, index, 5))
+        torch.library.opcheck(torch.ops.bam_pyro.group_sums.default, (edges, dim, index, 5))
+        assert torch.autograd.gradcheck(lambda s: torch.ops.bam_pyro.gather_rows(s, dim, index), (src,))
+        assert torch.autograd.gradcheck(lambda e: torch.ops.bam_pyro.sum_rows(e, dim, index, 5), (edges,))
+        assert torch.autograd.gradcheck(lambda e: torch.ops.bam_pyro.group_sums(e, dim, index, 5), (edges,))
+        torch.testing.assert_close(torch.ops.bam_pyro.gather_rows(src, dim, index), src.index_select(dim, index))
+        torch.testing.assert_close(rows.sum_rows(edges, dim, index, 5), torch.ops.bam_pyro.sum_rows(edges, dim, index, 5))
+        torch.testing.assert_close(rows.group_sums(edges, dim, index, 5),
+                                   torch.ops.bam_pyro.group_sums(edges, dim, index, 5))
