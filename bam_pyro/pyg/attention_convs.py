@@ -28,7 +28,6 @@ from ..config import BamConfig
 
 from .adjacency import Adj
 from .edge_attention import SOFT, EdgeAttentionConv, NodeFeatures, NodeInput
-from .rows import gather_rows
 
 
 def heads_of(lin: nn.Module, x: Tensor, heads: int) -> Tensor:
@@ -98,7 +97,7 @@ class BayesianGATv2Conv(EdgeAttentionConv):
 
     def score(self, nodes: NodeFeatures, edge_index: Tensor, edge_features: Optional[Tensor]) -> Tensor:
         src, dst = edge_index
-        joint = gather_rows(nodes.keys, -3, src) + gather_rows(nodes.queries, -3, dst)  # [..., E, H, C]
+        joint = nodes.keys.index_select(-3, src) + nodes.queries.index_select(-3, dst)  # [..., E, H, C]
         if edge_features is not None:
             joint = joint + edge_features
         return (F.leaky_relu(joint, self.negative_slope) * self.att).sum(-1)
@@ -169,10 +168,10 @@ class BayesianTransformerConv(EdgeAttentionConv):
 
     def score(self, nodes: NodeFeatures, edge_index: Tensor, edge_features: Optional[Tensor]) -> Tensor:
         src, dst = edge_index
-        keys = gather_rows(nodes.keys, -3, src)  # [..., E, H, C]
+        keys = nodes.keys.index_select(-3, src)  # [..., E, H, C]
         if edge_features is not None:
             keys = keys + edge_features
-        return (gather_rows(nodes.queries, -3, dst) * keys).sum(-1) / math.sqrt(self.out_channels)
+        return (nodes.queries.index_select(-3, dst) * keys).sum(-1) / math.sqrt(self.out_channels)
 
     def combine(self, out: Tensor, x_dst: Optional[Tensor]) -> Tensor:
         if not self.root_weight:

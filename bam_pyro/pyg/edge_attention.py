@@ -23,7 +23,6 @@ from torch_geometric.utils import add_self_loops, remove_self_loops
 from ..attention import BayesianAttention
 from ..config import BamConfig
 from .edge_keys import EdgeKeys
-from .rows import gather_rows, sum_rows
 
 from .adjacency import Adj, attention_like, read_adjacency
 
@@ -90,7 +89,7 @@ class EdgeAttentionConv(MessagePassing):
         weights = F.dropout(attention, p=self.dropout, training=self.training)
         out = self.propagate(
             edge_index,
-            source_values=gather_rows(self.message_values(nodes.values), -3, edge_index[0]),
+            x=(self.message_values(nodes.values), None),
             weights=weights,
             edge_values=edge_features if self.edge_features_in_messages else None,
             size=(num_src, num_dst),
@@ -142,16 +141,10 @@ class EdgeAttentionConv(MessagePassing):
         """The aggregated messages with the targets' own features and the bias."""
         raise NotImplementedError
 
-    def message(self, source_values: Tensor, weights: Tensor, edge_values: Optional[Tensor]) -> Tensor:
-        # the sources' values arrive gathered onto the edges (rows.gather_rows, not PyG's x_j lift)
+    def message(self, x_j: Tensor, weights: Tensor, edge_values: Optional[Tensor]) -> Tensor:
         if edge_values is not None:
-            source_values = source_values + edge_values
-        return source_values * weights.unsqueeze(-1)
-
-    def aggregate(self, inputs: Tensor, index: Tensor, ptr: Optional[Tensor] = None,
-                  dim_size: Optional[int] = None) -> Tensor:
-        # the sum over each target's messages (aggr="add"), as rows.sum_rows
-        return sum_rows(inputs, self.node_dim, index, dim_size)
+            x_j = x_j + edge_values
+        return x_j * weights.unsqueeze(-1)
 
     def __repr__(self) -> str:
         variant = self.attention.config.variant

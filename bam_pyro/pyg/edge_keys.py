@@ -10,9 +10,9 @@ from typing import Iterator, Optional
 import torch
 from torch import Tensor
 from torch_geometric.utils import scatter
+from torch_geometric.utils import softmax as segment_softmax
 
 from ..host_reads import values_at_hand
-from .rows import gather_rows, group_sums
 
 
 #: largest spread of values over all edges (per head) for which EdgeKeys.softmax shifts them by one
@@ -92,19 +92,17 @@ class EdgeKeys:
     def per_target_softmax(self, values: Tensor, high: Optional[Tensor] = None) -> Tensor:
         """PyG's softmax over each target's edges, shifted by each target's maximum (``high``
         unused: the twin of :meth:`shared_shift_softmax` for ``torch.cond``)."""
-        # PyG's torch_geometric.utils.softmax, written with this package's row operators
-        maxima = scatter(values.detach(), self.target, dim=-2, dim_size=self.num_nodes, reduce="max")
-        shifted = torch.exp(values - gather_rows(maxima, -2, self.target))
-        return shifted / (group_sums(shifted, -2, self.target, self.num_nodes) + 1e-16)
+        return segment_softmax(values, self.target, num_nodes=self.num_nodes, dim=-2)
 
     def key_sum(self, values: Tensor) -> Tensor:
-        return group_sums(values, -2, self.target, self.num_nodes)
+        sums = scatter(values, self.target, dim=-2, dim_size=self.num_nodes, reduce="sum")
+        return sums.index_select(-2, self.target)
 
     def zero_masked_keys(self, values: Tensor) -> Tensor:
         return values  # every edge is a valid key
 
     def spread(self, per_key: Tensor) -> Tensor:
-        return gather_rows(per_key, -2, self.source)
+        return per_key.index_select(-2, self.source)
 
     def softmax_all_keys(self, per_key: Tensor) -> Tensor:
         return per_key.softmax(dim=-2)  # over all nodes of the graph

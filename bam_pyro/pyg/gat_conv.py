@@ -22,7 +22,6 @@ from ..config import BamConfig
 from ..host_reads import values_at_hand
 from .adjacency import Adj
 from .edge_attention import SOFT, EdgeAttentionConv, NodeFeatures, NodeInput
-from .rows import gather_rows, sum_rows
 
 
 class BayesianGATConv(EdgeAttentionConv):
@@ -143,9 +142,9 @@ class BayesianGATConv(EdgeAttentionConv):
 
     def score(self, nodes: NodeFeatures, edge_index: Tensor, edge_features: Optional[Tensor]) -> Tensor:
         src, dst = edge_index  # a_src . W h_j per node first, then per edge: no [E, H, C] tensor
-        scores = gather_rows((nodes.keys * self.att_src).sum(-1), -2, src)
+        scores = (nodes.keys * self.att_src).sum(-1).index_select(-2, src)
         if nodes.queries is not None:
-            scores = scores + gather_rows((nodes.queries * self.att_dst).sum(-1), -2, dst)
+            scores = scores + (nodes.queries * self.att_dst).sum(-1).index_select(-2, dst)
         if edge_features is not None:
             scores = scores + (edge_features * self.att_edge).sum(-1)
         return F.leaky_relu(scores, self.negative_slope)
@@ -237,31 +236,17 @@ def per_head_dropout_projection(
     w = weight.view(heads, out_channels, -1)  # [H, C, F]
     if entries is not None:
         rows, cols, values = entries
-        kept = _kept_values(values, heads, p)  # [nnz, H, 1]
-        # [F, H, C] made contiguous first (F * H * C floats): each nonzero then gathers one
-        # contiguous row of H * C weights, not H * C weights F apart
-        contributions = gather_rows(w.permute(2, 0, 1).contiguous(), 0, cols) * kept  # [nnz, H, C]
-        out = sum_rows(contributions, 0, rows, x.numel() // x.size(-1))
+        kept = torch.empty(rows.numel(), heads, 1, dtype=x.dtype, device=x.device).uniform_().ge_(p)
+        kept.mul_(values.mul(1.0 / (1.0 - p)).view(-1, 1, 1))
+        contributions = w.permute(2, 0, 1).index_select(0, cols) * kept  # [nnz, H, C]
+        num_rows = x.numel() // x.size(-1)
+        out = x.new_zeros(num_rows, heads, out_channels).index_add(0, rows, contributions)
         return out.view(*x.shape[:-1], heads, out_channels)
     if heads > 1 and torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
         # the backward pass would keep all H dropped copies of x; drawing them again there (same
         # RNG state, so the same masks) keeps none
         return checkpoint(_dropped_copies_projection, x, w, p, use_reentrant=False)
     return _dropped_copies_projection(x, w, p)
-
-
-@torch.compiler.disable  # see below
-def _kept_values(values: Tensor, heads: int, p: float) -> Tensor:
-    """``m_h * values / (1 - p)`` for every head h with its own Bernoulli(1 - p) mask ``m_h``:
-    ``[nnz]`` -> ``[nnz, heads, 1]``.
-
-    Data, which needs no gradient: drawn eagerly (ATen's ``uniform_``) also when the layer is
-    compiled, so that no mask is a tensor of the graph. Inductor would keep the mask as a bool
-    tensor, and its CPU code writes bool tensors an order of magnitude slower than ATen (measured
-    with torch 2.13 on Cora's 49,216 x 8 draws: 3.7 ms against 0.2 ms; the benchmarks page,
-    "Compiled GAT"). Called right after the layer's nonzeros (also eager): no graph in between."""
-    kept = torch.empty(values.numel(), heads, 1, dtype=values.dtype, device=values.device).uniform_().ge_(p)
-    return kept.mul_(values.mul(1.0 / (1.0 - p)).view(-1, 1, 1))
 
 
 def _dropped_copies_projection(x: Tensor, w: Tensor, p: float) -> Tensor:
