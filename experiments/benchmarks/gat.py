@@ -96,10 +96,12 @@ def graph(nodes: Optional[int], edges: Optional[int], features: int, data_root: 
 COMPILED = "+compile"
 
 #: Inductor options of ``--compile`` (default mode otherwise): ATen's random draws (eager mode's
-#: numbers; Inductor's own CPU draws, a Philox draw per element, ran slower), 256-bit vectors and
-#: the C++ wrapper. Chosen by measurement on the 2-core AVX-512 machine, where each lowered the
-#: compiled / eager ratio of BAM-WC on Cora (the benchmarks page, "Compiled GAT").
-COMPILE_OPTIONS = {"fallback_random": True, "cpp.simdlen": 256, "cpp_wrapper": True}
+#: numbers; Inductor's own CPU draws, a Philox draw per element, ran slower) and 256-bit vectors
+#: (8 lanes, one head's 8 channels: at AVX-512's 16 lanes Inductor vectorized the fused gathers
+#: and scatters over the edges instead, element by element). Not ``cpp_wrapper``: its C++ wrapper
+#: (torch 2.13) fails on the checkpointed per-head dropout of dense features (an AssertionError
+#: on ``run_and_save_rng_state``). See the benchmarks page, "Compiled GAT".
+COMPILE_OPTIONS = {"fallback_random": True, "cpp.simdlen": 256}
 
 
 def step_function(name: str, x, edge_index, y, train, num_classes, dropout_per_head: bool,
