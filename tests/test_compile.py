@@ -137,3 +137,43 @@ def test_gat_bench_compile_prints_eager_and_compiled_times_and_paired_ratios(cap
     for key in ("bam_compiled_over_eager", "soft_compiled_over_eager", "bam_over_soft_compiled"):
         low, high = figures[key]["iqr"]
         assert low <= figures[key]["median"] <= high, key
+
+
+def test_compiled_sparse_dropout_projection_holds_no_bool_mask():
+    """The per-head dropout masks at the nonzeros of sparse input features are drawn eagerly
+    (gat_conv._kept_values), so that neither the forward nor the backward graph of the compiled
+    projection holds a bool tensor: Inductor's CPU code writes those an order of magnitude slower
+    than ATen (issue 33; the benchmarks page, "Compiled GAT"). Same draws, outputs and gradient
+    as eager mode."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    from bam_pyro.pyg.gat_conv import per_head_dropout_projection, sparse_entries
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(30, 40, generator=g) < 0.1).float()  # bag-of-words-like features
+    weight = torch.randn(2 * 4, 40, generator=g, requires_grad=True)
+    entries = sparse_entries(x, 4)
+    assert entries is not None
+    graphs = []
+
+    def capture(graph_module, _example_inputs):
+        graphs.append(graph_module)
+        return make_boxed_func(graph_module.forward)
+
+    def project(x, weight, rows, cols, values):
+        return per_head_dropout_projection(x, weight, 2, 0.5, type(entries)(rows, cols, values))
+
+    compiled = torch.compile(project, backend=aot_autograd(fw_compiler=capture, bw_compiler=capture))
+    torch.manual_seed(1)
+    expected = project(x, weight, *entries)
+    (expected_grad,) = torch.autograd.grad(expected.square().sum(), weight)
+    torch.manual_seed(1)
+    got = compiled(x, weight, *entries)
+    (got_grad,) = torch.autograd.grad(got.square().sum(), weight)
+    assert len(graphs) >= 2  # a forward and a backward graph
+    bools = [node for graph in graphs for node in graph.graph.nodes
+             if isinstance(node.meta.get("val"), torch.Tensor) and node.meta["val"].dtype == torch.bool]
+    assert not bools, [node.format_node() for node in bools]
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(got_grad, expected_grad)

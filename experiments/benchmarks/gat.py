@@ -13,14 +13,21 @@ training step (the kernel's high-water mark, reset just before it) minus the res
 it, i.e. what a step needs on top of data and parameters. GATConv and soft are plain
 cross-entropy/ELBO steps; BAM-WC is the full SVI step (``TraceMeanField_ELBO``, KL and all).
 
-``--compile`` adds each model with its network compiled (``torch.compile``, default mode) to the
-round-robin and reports, beside the medians, ratios of per-step times taken back to back (their
-median and interquartile range): compiled BAM-WC over eager BAM-WC, and compiled BAM-WC over
-compiled soft. Every model of such a run, eager or compiled, gets the graph with its self-loops
-replaced once beforehand (:func:`models.gat.with_self_loops`) and layers that add none: the same
-edges, and no per-call edge selection of data-dependent size, which would split the compiled
-graph. Pyro's sample statements still split it at each attention site (see the Pyro integration
-page, "Devices and precision"). Memory is not measured with ``--compile``.
+``--compile`` adds each model with its network compiled (``torch.compile``, default mode, with
+the Inductor options :data:`COMPILE_OPTIONS`, printed as ``compile_options``) to the round-robin
+and reports, beside the medians, ratios of per-step times taken back to back (their median and
+interquartile range): compiled BAM-WC over eager BAM-WC, and compiled BAM-WC over compiled soft.
+Every model of such a run, eager or compiled, gets the graph with its self-loops replaced once
+beforehand (:func:`models.gat.with_self_loops`) and layers that add none: the same edges, and no
+per-call edge selection of data-dependent size, which would split the compiled graph.
+
+What of the compiled network runs outside Inductor's generated code: Pyro's sample statements,
+which split the graph at each attention site (see the Pyro integration page, "Devices and
+precision"); the first layer's search for the nonzeros of the input features and the draw of the
+per-head dropout masks there (eager by design: data, no gradient; :mod:`bam_pyro.pyg.gat_conv`);
+the random draws (ATen's, with ``fallback_random``); and the matrix products, which Inductor hands
+to ATen. The gathers and sums over the edges are Inductor's own loops. Memory is not measured with
+``--compile``.
 
 ``--device cuda`` puts the graph and the models on a GPU: times wait for its kernels, memory is the
 caching allocator's peak during a step.
@@ -95,6 +102,14 @@ def graph(nodes: Optional[int], edges: Optional[int], features: int, data_root: 
 #: suffix of a model's name in a ``--compile`` run: its network compiled
 COMPILED = "+compile"
 
+#: Inductor options of ``--compile`` (default mode otherwise): ATen's random draws (eager mode's
+#: numbers; Inductor's own CPU draws, a Philox draw per element, ran slower) and 256-bit vectors
+#: (8 lanes, one head's 8 channels: at AVX-512's 16 lanes Inductor vectorized the fused gathers
+#: and scatters over the edges instead, element by element). Not ``cpp_wrapper``: its C++ wrapper
+#: (torch 2.13) fails on the checkpointed per-head dropout of dense features (an AssertionError
+#: on ``run_and_save_rng_state``). See the benchmarks page, "Compiled GAT".
+COMPILE_OPTIONS = {"fallback_random": True, "cpp.simdlen": 256}
+
 
 def step_function(name: str, x, edge_index, y, train, num_classes, dropout_per_head: bool,
                   loops_added: bool = False, device: str = "cpu") -> Callable[[], None]:
@@ -107,7 +122,7 @@ def step_function(name: str, x, edge_index, y, train, num_classes, dropout_per_h
     if name == "gatconv":
         model = PygGAT(x.size(1), num_classes, add_self_loops=not loops_added).to(device)
         if compiled:
-            model = torch.compile(model)
+            model = torch.compile(model, options=COMPILE_OPTIONS)
         optimizer = torch.optim.Adam(model.parameters(), lr=0.005, weight_decay=5e-4)
 
         def step() -> None:
@@ -123,7 +138,7 @@ def step_function(name: str, x, edge_index, y, train, num_classes, dropout_per_h
         add_self_loops=not loops_added,
     ).to(device)
     if compiled:
-        model.network = torch.compile(model.network)
+        model.network = torch.compile(model.network, options=COMPILE_OPTIONS)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.005, weight_decay=5e-4)
     trainer = SVITrainer(model, AttentionGuide(model.model), optimizer)
     return synchronized(device, lambda: trainer.step(x, edge_index, y=y, nodes=train))
@@ -212,7 +227,7 @@ def compiled_result(models: list[str], size: GraphSize, steps: int, threads: int
     timed = in_fresh_process(measure_time, (names, size, steps, threads, dropout_per_head, True, device))
     key = {"gatconv": "gatconv", "soft": "soft", "wc": "bam"}
     result = {"graph": timed["graph"], "threads": threads, "steps": steps, "device": device, "dropout_per_head": dropout_per_head,
-              "self_loops": "added once beforehand"}
+              "self_loops": "added once beforehand", "compile_options": COMPILE_OPTIONS}
     for name in names:
         base = name.removesuffix(COMPILED)
         result[f"{key[base]}{'_compiled' if name != base else ''}_ms"] = round(timed["ms"][name], 2)
