@@ -55,9 +55,10 @@ class _Chunks:
     validity and noise."""
 
     def __init__(self, query: Tensor, key: Tensor, row_keys: Tensor, family: str, k: float, sigma: float,
-                 key_mask: Optional[Tensor], causal: bool, dropout: float, chunk: int) -> None:
+                 key_mask: Optional[Tensor], causal: bool, dropout: float, chunk: int, compiled_noise: bool) -> None:
         self.row_keys, self.family, self.k, self.sigma = row_keys, family, k, sigma
         self.key_mask, self.causal, self.dropout, self.chunk = key_mask, causal, dropout, chunk
+        self.draw = _compiled_chunk_noise() if compiled_noise else _draw
         self.num_queries, self.num_keys = query.shape[-2], key.shape[-2]
         self.key_index = torch.arange(self.num_keys, device=query.device)
 
@@ -76,7 +77,7 @@ class _Chunks:
     def noisy(self, scores: Tensor, start: int, stop: int) -> tuple[Tensor, Optional[Tensor]]:
         """scores + noise of the chunk, and the dropout keep-mask scaled by 1 / (1 - p) (or None)."""
         rows = torch.arange(start, stop, device=scores.device)
-        drawn, kept = _draw(self.row_keys, rows, self.key_index, self.family, self.k, self.sigma, self.dropout, scores.dtype)
+        drawn, kept = self.draw(self.row_keys, rows, self.key_index, self.family, self.k, self.sigma, self.dropout, scores.dtype)
         return drawn.add_(scores), kept
 
 
@@ -96,14 +97,21 @@ def chunk_noise(row_keys: Tensor, rows: Tensor, key_index: Tensor, family: str, 
 _draw = chunk_noise
 
 
+@functools.cache
+def _compiled_chunk_noise() -> Callable[..., tuple[Tensor, Optional[Tensor]]]:
+    return torch.compile(chunk_noise, dynamic=True)
+
+
 def compile_noise(enabled: bool = True) -> None:
     """Draw the chunked route's noise through ``torch.compile`` (Inductor fuses the hash, the
     logarithms and the dropout test into one loop; on CPU about 7x faster than the eager ops) or,
     with ``enabled=False``, eagerly (the default: compiling takes one to a few minutes the first
     time in a process, cached on disk after). The compiled logarithms may differ from the eager
-    ones in the last bit; forward and backward use the same function, so a draw stays one draw."""
+    ones in the last bit; forward and backward use the same function, so a draw stays one draw.
+    Under ``torch.compile`` of the model the noise is drawn compiled whatever this says (see
+    :func:`chunked_attention`)."""
     global _draw
-    _draw = torch.compile(chunk_noise, dynamic=True) if enabled else chunk_noise
+    _draw = _compiled_chunk_noise() if enabled else chunk_noise
 
 
 def _masked_(values: Tensor, valid: Optional[Tensor]) -> Tensor:
@@ -176,13 +184,14 @@ def _backward(grad_out: Tensor, grad_lse: Tensor, query: Tensor, key: Tensor, va
 
 @torch.library.custom_op("bam_pyro::chunked_attention", mutates_args=())
 def _chunked_attention_op(query: Tensor, key: Tensor, value: Tensor, row_keys: Tensor, key_mask: Optional[Tensor],
-                          family: str, k: float, sigma: float, causal: bool, dropout: float,
-                          chunk: int) -> tuple[Tensor, Tensor]:
-    return _forward(query, key, value, _Chunks(query, key, row_keys, family, k, sigma, key_mask, causal, dropout, chunk))
+                          family: str, k: float, sigma: float, causal: bool, dropout: float, chunk: int,
+                          compiled_noise: bool) -> tuple[Tensor, Tensor]:
+    chunks = _Chunks(query, key, row_keys, family, k, sigma, key_mask, causal, dropout, chunk, compiled_noise)
+    return _forward(query, key, value, chunks)
 
 
 @_chunked_attention_op.register_fake
-def _(query, key, value, row_keys, key_mask, family, k, sigma, causal, dropout, chunk):
+def _(query, key, value, row_keys, key_mask, family, k, sigma, causal, dropout, chunk, compiled_noise):
     batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
     num_queries = query.shape[-2]
     return query.new_empty(batch + (num_queries, value.shape[-1])), query.new_empty(batch + (num_queries,))
@@ -191,13 +200,15 @@ def _(query, key, value, row_keys, key_mask, family, k, sigma, causal, dropout, 
 @torch.library.custom_op("bam_pyro::chunked_attention_backward", mutates_args=())
 def _chunked_attention_backward_op(grad_out: Tensor, grad_lse: Tensor, query: Tensor, key: Tensor, value: Tensor,
                                    lse: Tensor, row_keys: Tensor, key_mask: Optional[Tensor], family: str, k: float,
-                                   sigma: float, causal: bool, dropout: float, chunk: int) -> tuple[Tensor, Tensor, Tensor]:
-    chunks = _Chunks(query, key, row_keys, family, k, sigma, key_mask, causal, dropout, chunk)
+                                   sigma: float, causal: bool, dropout: float, chunk: int,
+                                   compiled_noise: bool) -> tuple[Tensor, Tensor, Tensor]:
+    chunks = _Chunks(query, key, row_keys, family, k, sigma, key_mask, causal, dropout, chunk, compiled_noise)
     return _backward(grad_out, grad_lse, query, key, value, lse, chunks)
 
 
 @_chunked_attention_backward_op.register_fake
-def _(grad_out, grad_lse, query, key, value, lse, row_keys, key_mask, family, k, sigma, causal, dropout, chunk):
+def _(grad_out, grad_lse, query, key, value, lse, row_keys, key_mask, family, k, sigma, causal, dropout, chunk,
+      compiled_noise):
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)  # contiguous, as the real ones
 
 
@@ -210,7 +221,7 @@ def _chunked_attention_grad(ctx, grad_out: Tensor, grad_lse: Tensor):
     query, key, value, lse, row_keys, key_mask = ctx.saved_tensors
     grads = _chunked_attention_backward_op(grad_out.contiguous(), grad_lse.contiguous(), query, key, value, lse, row_keys,
                                            key_mask, *ctx.settings)
-    return (*grads, None, None, None, None, None, None, None, None)
+    return (*grads, None, None, None, None, None, None, None, None, None)
 
 
 _chunked_attention_op.register_autograd(_chunked_attention_grad, setup_context=_save_for_backward)
@@ -231,8 +242,9 @@ def chunked_attention(query: Tensor, key: Tensor, value: Tensor, row_keys: Tenso
         raise ValueError(f"key_mask must be a key padding mask [..., 1, Lk], got shape {tuple(key_mask.shape)}")
     if chunk is None:
         chunk = chunk_size_for(query.shape[:-2].numel(), key.shape[-2])
+    # under torch.compile the operator stays opaque; its noise is then drawn by Inductor too
     return _chunked_attention_op(query, key, value, row_keys, key_mask, family, float(k), float(sigma), causal,
-                                 float(dropout), chunk)
+                                 float(dropout), chunk, torch.compiler.is_compiling())
 
 
 def noise_score_mod(row_keys: Tensor, num_queries: int, family: str, k: float, sigma: float) -> Callable[..., Tensor]:

@@ -494,7 +494,7 @@ def test_chunked_attention_operators_pass_torchs_custom_op_checks(mask_kind):
     q, k, v = (t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in inputs(lq=9, lk=9))
     key_mask, _, causal = masks(mask_kind, 9, 9)
     keys = noise.row_keys(torch.tensor(3), B, H)
-    settings = ("weibull", 2.0, 0.7, causal, 0.2, 4)
+    settings = ("weibull", 2.0, 0.7, causal, 0.2, 4, False)
     torch.library.opcheck(_chunked_attention_op, (q, k, v, keys, key_mask, *settings))
     out, lse = _chunked_attention_op(q, k, v, keys, key_mask, *settings)
     grads = (torch.randn_like(out), torch.randn_like(lse))

@@ -2,7 +2,7 @@
 
     python -m experiments.bench bert [--model PATH_OR_NAME --shapes 16x128 4x512 --steps 10]
     python -m experiments.bench bert --model random-bert --layers 1 --shapes 1x2048 1x8192 --steps 3
-    python -m experiments.bench bert --compile --shapes 16x128 --steps 12     compiled soft, compiled and eager BAM-WC
+    python -m experiments.bench bert --compile --shapes 16x128 --steps 12     both models compiled and eager
     python -m experiments.bench bert --device cuda                             on a GPU
 
 Prints one JSON line per shape (batch x length): the median SVI step time of each variant
@@ -24,9 +24,9 @@ swaps in Bayesian attention through :func:`bam_pyro.transformers.to_bam`, on its
 attention map; ``--materialized`` keeps the maps). Both train with
 :class:`~bam_pyro.training.SVITrainer`'s default ELBO, Pyro's validation off (its checks of the
 first step would evaluate every site's log-density, a full map). ``--compile`` runs both
-transformers models through ``torch.compile`` (Inductor) and adds eager BAM-WC to the same round of
-steps: ``compiled_over_eager`` is the median (and interquartile range) of the per-step ratios
-compiled BAM-WC / eager BAM-WC, taken back to back. ``--compiled-noise`` draws the fused
+transformers models through ``torch.compile`` (Inductor) and adds both eager models to the same
+round of steps: ``bam_compiled_over_eager`` (``soft_compiled_over_eager``) is the median and
+interquartile range of the per-step ratios compiled / eager BAM-WC (soft), taken back to back. ``--compiled-noise`` draws the fused
 path's noise through it (:func:`bam_pyro.fused.compile_noise`) in the timing process (the warmup
 steps take the compilation), while the memory processes draw it eagerly: the tensors are the
 same, and the compiler's own memory is not the method's. ``--device cuda`` builds the models and
@@ -117,7 +117,9 @@ def measure_time(model: str, layers: int, batch: int, length: int, steps: int, w
     step_of = {v: _training_step(v, model, layers, batch, length, k, fused, compile_model, compiled_noise, device)
                for v in ("soft", "wc")}
     if compile_model:
-        step_of["wc-eager"] = _training_step("wc", model, layers, batch, length, k, fused, False, compiled_noise, device)
+        for variant in ("soft", "wc"):
+            step_of[f"{variant}-eager"] = _training_step(variant, model, layers, batch, length, k, fused, False,
+                                                         compiled_noise, device)
     times: dict[str, list[float]] = {v: [] for v in step_of}
     for step in range(warmup + steps):
         for variant, training_step in step_of.items():
@@ -128,8 +130,9 @@ def measure_time(model: str, layers: int, batch: int, length: int, steps: int, w
     result = {"soft_ms": statistics.median(times["soft"]), "bam_ms": statistics.median(times["wc"]),
               "ratios": [b / s for s, b in zip(times["soft"], times["wc"])]}
     if compile_model:
-        result["bam_eager_ms"] = statistics.median(times["wc-eager"])
-        result["compiled_over_eager"] = [c / e for c, e in zip(times["wc"], times["wc-eager"])]
+        for variant, name in (("soft", "soft"), ("wc", "bam")):
+            result[f"{name}_eager_ms"] = statistics.median(times[f"{variant}-eager"])
+            result[f"{name}_compiled_over_eager"] = [c / e for c, e in zip(times[variant], times[f"{variant}-eager"])]
     return result
 
 
@@ -170,8 +173,9 @@ def bench_shape(args: argparse.Namespace, model: str, batch: int, length: int) -
         "compiled_noise": args.compiled_noise, **figures, **ratio_summary(timing["ratios"]),
     }
     if args.compile:
-        result["bam_eager_ms"] = round(timing["bam_eager_ms"], 1)
-        result.update(ratio_summary(timing["compiled_over_eager"], "compiled_over_eager"))
+        for name in ("soft", "bam"):
+            result[f"{name}_eager_ms"] = round(timing[f"{name}_eager_ms"], 1)
+            result.update(ratio_summary(timing[f"{name}_compiled_over_eager"], f"{name}_compiled_over_eager"))
     return result
 
 
