@@ -103,9 +103,10 @@ def plan(data_root: Optional[str], wheels: Optional[str], work: Path) -> list[Pa
                           needs_gpu=False))
         minilm, model = (), ("--model", str(work / MINILM))
     parts.append(Part("environment", ("-c", ENVIRONMENT_REPORT), 25, needs_gpu=False, json_result=True))
-    # captioning's grids, computed once on all CPU cores before its benchmark and its training read them
+    # captioning's grids, computed once on all CPU cores before its benchmark and its training read
+    # them (skipped with them where there is no GPU: minutes of a small CPU)
     parts.append(Part("caption-features", ("-m", "experiments.caption_features", "--threads", str(os.cpu_count() or 1)), 25,
-                      needs_gpu=False, modules=("efficientnet_lite_pytorch",)))
+                      modules=("efficientnet_lite_pytorch",)))
     parts.append(Part("cuda-tests", ("-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", *cuda_test_files()), 70))
     bench = ("-m", "experiments.bench")
     for name, options, budget, modules in (
