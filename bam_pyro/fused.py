@@ -58,7 +58,7 @@ class _Chunks:
                  key_mask: Optional[Tensor], causal: bool, dropout: float, chunk: int, compiled_noise: bool) -> None:
         self.row_keys, self.family, self.k, self.sigma = row_keys, family, k, sigma
         self.key_mask, self.causal, self.dropout, self.chunk = key_mask, causal, dropout, chunk
-        self.draw = _compiled_chunk_noise() if compiled_noise else _draw
+        self.draw = _compiled_chunk_noise() if compiled_noise else chunk_noise
         self.num_queries, self.num_keys = query.shape[-2], key.shape[-2]
         self.key_index = torch.arange(self.num_keys, device=query.device)
 
@@ -94,7 +94,8 @@ def chunk_noise(row_keys: Tensor, rows: Tensor, key_index: Tensor, family: str, 
     return drawn, kept.to(dtype).mul_(1.0 / (1.0 - dropout))
 
 
-_draw = chunk_noise
+#: whether :func:`compile_noise` asked for the compiled noise in eager calls
+_noise_compiled = False
 
 
 @functools.cache
@@ -110,8 +111,8 @@ def compile_noise(enabled: bool = True) -> None:
     ones in the last bit; forward and backward use the same function, so a draw stays one draw.
     Under ``torch.compile`` of the model the noise is drawn compiled whatever this says (see
     :func:`chunked_attention`)."""
-    global _draw
-    _draw = _compiled_chunk_noise() if enabled else chunk_noise
+    global _noise_compiled
+    _noise_compiled = enabled
 
 
 def _masked_(values: Tensor, valid: Optional[Tensor]) -> Tensor:
@@ -179,7 +180,8 @@ def _backward(grad_out: Tensor, grad_lse: Tensor, query: Tensor, key: Tensor, va
 
 # The chunked function is a pair of custom operators with their own autograd: torch.compile calls
 # them as they are instead of tracing the loops, whose intermediates Inductor would keep for the
-# backward (measured on MiniLM 16 x 128: a compiled step's peak 681 MB traced, 399 MB opaque).
+# backward (`bench bert --compile`, MiniLM 16 x 128: BAM-WC's peak 1199 MB traced, 883 MB opaque,
+# compiled soft 912 MB).
 
 
 @torch.library.custom_op("bam_pyro::chunked_attention", mutates_args=())
@@ -219,8 +221,7 @@ def _save_for_backward(ctx, inputs, output) -> None:
 
 def _chunked_attention_grad(ctx, grad_out: Tensor, grad_lse: Tensor):
     query, key, value, lse, row_keys, key_mask = ctx.saved_tensors
-    grads = _chunked_attention_backward_op(grad_out.contiguous(), grad_lse.contiguous(), query, key, value, lse, row_keys,
-                                           key_mask, *ctx.settings)
+    grads = _chunked_attention_backward_op(grad_out, grad_lse, query, key, value, lse, row_keys, key_mask, *ctx.settings)
     return (*grads, None, None, None, None, None, None, None, None, None)
 
 
@@ -242,9 +243,11 @@ def chunked_attention(query: Tensor, key: Tensor, value: Tensor, row_keys: Tenso
         raise ValueError(f"key_mask must be a key padding mask [..., 1, Lk], got shape {tuple(key_mask.shape)}")
     if chunk is None:
         chunk = chunk_size_for(query.shape[:-2].numel(), key.shape[-2])
-    # under torch.compile the operator stays opaque; its noise is then drawn by Inductor too
+    # under torch.compile the operator stays opaque; its noise is then drawn by Inductor too. The
+    # choice travels with the call, so that its backward draws the same noise
+    compiled_noise = _noise_compiled or torch.compiler.is_compiling()
     return _chunked_attention_op(query, key, value, row_keys, key_mask, family, float(k), float(sigma), causal,
-                                 float(dropout), chunk, torch.compiler.is_compiling())
+                                 float(dropout), chunk, compiled_noise)
 
 
 def noise_score_mod(row_keys: Tensor, num_queries: int, family: str, k: float, sigma: float) -> Callable[..., Tensor]:

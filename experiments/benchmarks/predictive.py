@@ -70,20 +70,21 @@ def main(argv: Optional[list[str]] = None) -> dict:
     p.add_argument("--untrained", action="store_true", help="sample the initialized model (no training; no checkpoint read)")
     add_device_option(p)
     args = p.parse_args(argv)
-    checkpoint = args.checkpoint
     settings = TASK.settings_for("cora", "wc", 0, {})
     torch.set_num_threads(args.threads)
-    if args.untrained:  # a file of its own: an untrained model must never pass for the trained one
-        checkpoint = Path(tempfile.mkdtemp(prefix="bench-predictive-")) / "untrained.pt"
-        torch.save(build_model(settings, *load_planetoid("cora", args.data_root)[1:]).state_dict(), checkpoint)
-    elif not checkpoint.exists():
-        model = train_classifier(settings, load_planetoid("cora", args.data_root),
-                                 RunContext(checkpoint.parent / "training", settings, progress=False))
-        checkpoint.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(model.state_dict(), checkpoint)
-    measured = in_fresh_process(
-        measure_sampling, (checkpoint, args.data_root, args.samples, args.chunk, args.repeats, args.threads, args.device)
-    )
+    with tempfile.TemporaryDirectory(prefix="bench-predictive-") as scratch:
+        checkpoint = args.checkpoint
+        if args.untrained:  # a file of its own: an untrained model must never pass for the trained one
+            checkpoint = Path(scratch) / "untrained.pt"
+            torch.save(build_model(settings, *load_planetoid("cora", args.data_root)[1:]).state_dict(), checkpoint)
+        elif not checkpoint.exists():
+            model = train_classifier(settings, load_planetoid("cora", args.data_root),
+                                     RunContext(checkpoint.parent / "training", settings, progress=False))
+            checkpoint.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(model.state_dict(), checkpoint)
+        measured = in_fresh_process(
+            measure_sampling, (checkpoint, args.data_root, args.samples, args.chunk, args.repeats, args.threads, args.device)
+        )
     times, cpu = measured["times"], measured["cpu"]
     result = dict(
         benchmark="predictive", model="BAM-WC GAT", trained=not args.untrained, dataset="cora", nodes=measured["nodes"],
