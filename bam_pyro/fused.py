@@ -22,6 +22,11 @@ Two routes:
   Q, K and V as in FlashAttention's backward, plus the clean softmax times the normalizer's
   gradient. Memory: Q, K, V, the output and two numbers per query, plus one chunk of entries.
   Attention dropout is drawn from the same counters (a second stream), so it replays too.
+  Under ``torch.compile``, a call whose map holds at most :data:`TRACED_ENTRIES` entries is
+  instead traced as one chunk of plain tensor operations inside activation checkpointing:
+  Inductor fuses the noise, the masks, the softmax and the dropout into its own loops, and the
+  backward pass recomputes them rather than keeping the map. On short sequences this beats the
+  operators' loop of eager element-wise passes (`bench bert --compile`).
 - :func:`flex_attention_route` (CUDA): FlexAttention with a ``score_mod`` that adds the hashed
   noise, forward and backward, and a second call without noise for the clean normalizer. No
   attention dropout (FlexAttention has none); torch 2.13's FlexAttention has no CPU backward, and
@@ -38,6 +43,7 @@ from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from . import noise
 
@@ -45,9 +51,28 @@ from . import noise
 CHUNK_ENTRIES = 2**20
 
 
+#: largest map (entries of one call, ``N * H * Lq * Lk``) that ``torch.compile`` traces as one
+#: chunk rather than calling the chunked operators: 16 MB in float32
+TRACED_ENTRIES = 2**22
+
+
 def chunk_size_for(batch_heads: int, num_keys: int, entries: int = CHUNK_ENTRIES) -> int:
     """Queries per chunk so that a chunk holds about ``entries`` attention entries."""
     return max(1, entries // max(1, batch_heads * num_keys))
+
+
+@torch.library.custom_op("bam_pyro::counters", mutates_args=())
+def counters(start: int, stop: int, device: torch.device) -> Tensor:
+    """``arange(start, stop)`` as an operator the compiler cannot see into. The noise hashes the
+    query and key indices with int32 products that overflow (as intended, they wrap); from an
+    arange Inductor's C++ knows the indices' range and its compiler, for which signed overflow
+    cannot happen, rewrote the hash (torch 2.13, CPU: other bits than eager)."""
+    return torch.arange(start, stop, device=device)
+
+
+@counters.register_fake
+def _(start, stop, device):
+    return torch.empty(stop - start, dtype=torch.int64, device=device)
 
 
 class _Chunks:
@@ -60,7 +85,7 @@ class _Chunks:
         self.key_mask, self.causal, self.dropout, self.chunk = key_mask, causal, dropout, chunk
         self.draw = _compiled_chunk_noise() if compiled_noise else chunk_noise
         self.num_queries, self.num_keys = query.shape[-2], key.shape[-2]
-        self.key_index = torch.arange(self.num_keys, device=query.device)
+        self.key_index = counters(0, self.num_keys, query.device)
 
     def ranges(self):
         return ((start, min(start + self.chunk, self.num_queries)) for start in range(0, self.num_queries, self.chunk))
@@ -76,7 +101,7 @@ class _Chunks:
 
     def noisy(self, scores: Tensor, start: int, stop: int) -> tuple[Tensor, Optional[Tensor]]:
         """scores + noise of the chunk, and the dropout keep-mask scaled by 1 / (1 - p) (or None)."""
-        rows = torch.arange(start, stop, device=scores.device)
+        rows = counters(start, stop, scores.device)
         drawn, kept = self.draw(self.row_keys, rows, self.key_index, self.family, self.k, self.sigma, self.dropout, scores.dtype)
         return drawn.add_(scores), kept
 
@@ -129,8 +154,9 @@ def _zero_empty(values: Tensor, has_keys: Optional[Tensor]) -> Tensor:
     return values if has_keys is None else values * has_keys
 
 
-def _forward(query: Tensor, key: Tensor, value: Tensor, chunks: _Chunks) -> tuple[Tensor, Tensor]:
-    """(Q, K, V) -> (softmax(QK^T + noise) @ V, logsumexp(QK^T)) chunk by chunk."""
+def _forward(query: Tensor, key: Tensor, value: Tensor, chunks: _Chunks, traced: bool = False) -> tuple[Tensor, Tensor]:
+    """(Q, K, V) -> (softmax(QK^T + noise) @ V, logsumexp(QK^T)) chunk by chunk. ``traced``: for
+    autograd to differentiate (the softmax, which its backward needs, is not overwritten)."""
     outputs, normalizers = [], []
     for start, stop in chunks.ranges():
         scores = query[..., start:stop, :] @ key.transpose(-1, -2)
@@ -139,7 +165,7 @@ def _forward(query: Tensor, key: Tensor, value: Tensor, chunks: _Chunks) -> tupl
         noisy, kept = chunks.noisy(scores, start, stop)
         weights = _zero_empty(torch.softmax(_masked_(noisy, valid), dim=-1), has_keys)
         if kept is not None:
-            weights = weights.mul_(kept)
+            weights = weights * kept if traced else weights.mul_(kept)
         outputs.append(weights @ value)
         lse = torch.logsumexp(_masked_(scores, valid), dim=-1, keepdim=True)
         normalizers.append(_zero_empty(lse, has_keys).squeeze(-1))
@@ -243,7 +269,12 @@ def chunked_attention(query: Tensor, key: Tensor, value: Tensor, row_keys: Tenso
         raise ValueError(f"key_mask must be a key padding mask [..., 1, Lk], got shape {tuple(key_mask.shape)}")
     if chunk is None:
         chunk = chunk_size_for(query.shape[:-2].numel(), key.shape[-2])
-    # under torch.compile the operator stays opaque; its noise is then drawn by Inductor too. The
+    if torch.compiler.is_compiling() and query.shape[:-1].numel() * key.shape[-2] <= TRACED_ENTRIES:
+        # small enough to trace: Inductor fuses the element-wise chain, recomputed in the backward (module doc)
+        chunks = _Chunks(query, key, row_keys, family, float(k), float(sigma), key_mask, causal, float(dropout),
+                         query.shape[-2], compiled_noise=False)
+        return checkpoint(_forward, query, key, value, chunks, True, use_reentrant=False)
+    # a larger call under torch.compile: the operators stay opaque, their noise drawn by Inductor. The
     # choice travels with the call, so that its backward draws the same noise
     compiled_noise = _noise_compiled or torch.compiler.is_compiling()
     return _chunked_attention_op(query, key, value, row_keys, key_mask, family, float(k), float(sigma), causal,

@@ -500,3 +500,80 @@ def test_chunked_attention_operators_pass_torchs_custom_op_checks(mask_kind):
     grads = (torch.randn_like(out), torch.randn_like(lse))
     torch.library.opcheck(_chunked_attention_backward_op,
                           (*grads, q.detach(), k.detach(), v.detach(), lse.detach(), keys, key_mask, *settings))
+
+
+def _graph_ops(fn, *args) -> set[str]:
+    """The operators of the graphs Dynamo captures from ``fn(*args)``, their subgraphs included (no
+    Inductor: a recording backend)."""
+    ops: set[str] = set()
+
+    def record(gm, example_inputs):
+        for module in gm.modules():
+            if isinstance(module, torch.fx.GraphModule):
+                ops.update(str(node.target) for node in module.graph.nodes if node.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=record)(*args)
+    torch._dynamo.reset()
+    return ops
+
+
+def test_compiled_calls_trace_small_maps_and_call_the_operators_on_large_ones(monkeypatch):
+    """Under torch.compile a call whose map fits TRACED_ENTRIES is traced (Inductor fuses its
+    element-wise chain), a larger one calls the chunked operators; eager calls always do."""
+    import bam_pyro.fused as fused
+
+    q, k, v = (t.detach() for t in inputs(lq=8, lk=8))
+    keys = noise.row_keys(torch.tensor(2), B, H)
+
+    def attend(q, k, v):
+        return chunked_attention(q, k, v, keys, "weibull", k=2.0, dropout=0.1)
+
+    traced = _graph_ops(attend, q, k, v)
+    assert not any("chunked_attention" in op for op in traced) and any("softmax" in op for op in traced)
+    assert any("checkpoint" in op for op in traced)  # the backward recomputes the map: none is kept
+    monkeypatch.setattr(fused, "TRACED_ENTRIES", B * H * 8 * 8 - 1)
+    assert any("chunked_attention" in op for op in _graph_ops(attend, q, k, v))
+
+
+def test_noise_compiled_with_its_counters_is_the_eager_noise():
+    """Inductor's C++ knew an arange's range and its compiler, for which int32 overflow cannot happen,
+    rewrote the hash's wrapping products (other bits than eager); the counters operator hides the
+    indices. Compiled by Inductor: the chunk's noise and dropout mask of a whole traced call."""
+    import bam_pyro.fused as fused
+
+    keys = noise.row_keys(torch.tensor(7), B, H)
+
+    def draw(keys):
+        return chunk_noise(keys, fused.counters(0, 16, keys.device), fused.counters(0, 16, keys.device), "weibull", 2.0, 1.0, 0.3, torch.float32)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(draw)(keys)
+    torch._dynamo.reset()
+    for got, expected in zip(compiled, draw(keys)):
+        torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.slow  # Inductor compiles forward and backward of each mask kind: about 20 s each
+@pytest.mark.parametrize("mask_kind", ["none", "padding", "causal-padding"])
+def test_traced_call_under_compile_gives_the_eager_draw_and_gradients(mask_kind):
+    q, k, v = inputs(lq=9, lk=9)
+    key_mask, _, causal = masks(mask_kind, 9, 9)
+    keys = noise.row_keys(torch.tensor(13), B, H)
+
+    def attend(q, k, v):
+        return chunked_attention(q, k, v, keys, "weibull", k=2.0, key_mask=key_mask, causal=causal, dropout=0.2)
+
+    torch._dynamo.reset()
+    results = []
+    for fn in (attend, torch.compile(attend)):
+        out, lse = fn(q, k, v)
+        probe = torch.randn_like(out, generator=torch.Generator().manual_seed(0))
+        results.append((out, lse, grads([q, k, v], (out * probe).sum() + lse.sum())))
+    torch._dynamo.reset()
+    (out_e, lse_e, g_e), (out_c, lse_c, g_c) = results
+    torch.testing.assert_close(out_c, out_e, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse_c, lse_e, atol=1e-5, rtol=1e-5)
+    for a, b in zip(g_c, g_e):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
