@@ -61,20 +61,6 @@ def chunk_size_for(batch_heads: int, num_keys: int, entries: int = CHUNK_ENTRIES
     return max(1, entries // max(1, batch_heads * num_keys))
 
 
-@torch.library.custom_op("bam_pyro::counters", mutates_args=())
-def counters(start: int, stop: int, device: torch.device) -> Tensor:
-    """``arange(start, stop)`` as an operator the compiler cannot see into. The noise hashes the
-    query and key indices with int32 products that overflow (as intended, they wrap); from an
-    arange Inductor's C++ knows the indices' range and its compiler, for which signed overflow
-    cannot happen, rewrote the hash (torch 2.13, CPU: other bits than eager)."""
-    return torch.arange(start, stop, device=device)
-
-
-@counters.register_fake
-def _(start, stop, device):
-    return torch.empty(stop - start, dtype=torch.int64, device=device)
-
-
 class _Chunks:
     """What forward and backward share: the inputs' geometry, how to rebuild one chunk's scores,
     validity and noise."""
@@ -85,7 +71,7 @@ class _Chunks:
         self.key_mask, self.causal, self.dropout, self.chunk = key_mask, causal, dropout, chunk
         self.draw = _compiled_chunk_noise() if compiled_noise else chunk_noise
         self.num_queries, self.num_keys = query.shape[-2], key.shape[-2]
-        self.key_index = counters(0, self.num_keys, query.device)
+        self.key_index = noise.counters(0, self.num_keys, query.device)
 
     def ranges(self):
         return ((start, min(start + self.chunk, self.num_queries)) for start in range(0, self.num_queries, self.chunk))
@@ -101,7 +87,7 @@ class _Chunks:
 
     def noisy(self, scores: Tensor, start: int, stop: int) -> tuple[Tensor, Optional[Tensor]]:
         """scores + noise of the chunk, and the dropout keep-mask scaled by 1 / (1 - p) (or None)."""
-        rows = counters(start, stop, scores.device)
+        rows = noise.counters(start, stop, scores.device)
         drawn, kept = self.draw(self.row_keys, rows, self.key_index, self.family, self.k, self.sigma, self.dropout, scores.dtype)
         return drawn.add_(scores), kept
 
@@ -286,7 +272,7 @@ def noise_score_mod(row_keys: Tensor, num_queries: int, family: str, k: float, s
     key) to each score: the chunked route's draw, entry by entry. ``k`` and ``sigma`` travel as
     0-d tensors: as Python floats, a second value would recompile FlexAttention with a symbolic
     float, which Inductor fails to lower."""
-    rows = noise.query_keys(row_keys, torch.arange(num_queries, device=row_keys.device))  # [N, H, Lq]
+    rows = noise.query_keys(row_keys, noise.counters(0, num_queries, row_keys.device))  # [N, H, Lq]
     shape, scale = (torch.tensor(v, dtype=torch.float32, device=row_keys.device) for v in (k, sigma))
 
     def add_noise(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:

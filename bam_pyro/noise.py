@@ -9,7 +9,11 @@ FlexAttention ``score_mod``.
 
 The hash is Chris Wellons' ``lowbias32`` integer finalizer on int32 tensors: products wrap modulo
 2**32 in C++, CUDA and Triton alike, and right shifts are made logical by masking, so every
-backend computes the same bits. Per call:
+backend computes the same bits. One exception, found under ``torch.compile`` on CPU (torch 2.13):
+from indices made by an ``arange`` inside the graph, Inductor's C++ knows their range, and the C++
+compiler, for which signed overflow cannot happen, rewrote the wrapping products. Indices that
+enter the hash therefore come from :func:`counters`, an operator the compiler does not see into.
+Per call:
 
 - ``row_keys(seeds, batch_size, heads)``: one 32-bit key per (draw, batch item, head), mixed from
   the call's seed(s): ``[N, H]`` with N = draws x batch items;
@@ -30,6 +34,18 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+
+@torch.library.custom_op("bam_pyro::counters", mutates_args=())
+def counters(start: int, stop: int, device: torch.device) -> Tensor:
+    """``arange(start, stop)`` in int32, as an operator ``torch.compile`` calls without seeing into
+    it, so that the hash of the indices is compiled as written (module doc)."""
+    return torch.arange(start, stop, dtype=torch.int32, device=device)
+
+
+@counters.register_fake
+def _(start, stop, device):
+    return torch.empty(stop - start, dtype=torch.int32, device=device)
+
 
 def _signed32(value: int) -> int:
     """A 32-bit word as the int32 that holds the same bits."""
@@ -78,10 +94,10 @@ def row_keys(seeds: Tensor, batch_size: int, heads: int) -> Tensor:
     or ``[]``) are the draws' seeds, N = draws x ``batch_size`` (draw-major)."""
     seeds = seeds.reshape(-1).to(torch.int64).repeat_interleave(batch_size)
     device = seeds.device
-    item = torch.arange(batch_size, device=device, dtype=torch.int32).repeat(seeds.numel() // max(batch_size, 1))
+    item = counters(0, batch_size, device).repeat(seeds.numel() // max(batch_size, 1))
     key = mix32(mix32(_int32(seeds) + _GOLDEN) ^ _int32(seeds >> 32))
     key = mix32(key + item * _GOLDEN)
-    head = torch.arange(heads, device=device, dtype=torch.int32)
+    head = counters(0, heads, device)
     return mix32(key[:, None] + head * _GOLDEN)
 
 
@@ -134,7 +150,7 @@ def noise_map(seeds: Tensor, shape: torch.Size, family: str, k: float = 1.0, sig
     materialized maps that :mod:`bam_pyro.predictive` asks for. Costs a full map."""
     *batch, heads, lq, lk = shape
     n = math.prod(batch)
-    keys = query_keys(row_keys(seeds, n, heads), torch.arange(lq, device=seeds.device))
-    bits = entry_bits(keys[..., None], torch.arange(lk, device=seeds.device), stream)
+    keys = query_keys(row_keys(seeds, n, heads), counters(0, lq, seeds.device))
+    bits = entry_bits(keys[..., None], counters(0, lk, seeds.device), stream)
     values = log_noise(bits, family, k, sigma, dtype) if stream == NOISE_STREAM else uniform(bits, dtype)
     return values.reshape(*seeds.shape, *shape)

@@ -540,18 +540,19 @@ def test_compiled_calls_trace_small_maps_and_call_the_operators_on_large_ones(mo
 def test_noise_compiled_with_its_counters_is_the_eager_noise():
     """Inductor's C++ knew an arange's range and its compiler, for which int32 overflow cannot happen,
     rewrote the hash's wrapping products (other bits than eager); the counters operator hides the
-    indices. Compiled by Inductor: the chunk's noise and dropout mask of a whole traced call."""
-    import bam_pyro.fused as fused
+    indices. Compiled by Inductor: the row keys, a chunk's noise and dropout mask, and a whole map."""
+    seeds = noise.draw_seeds(torch.Size([2]))
 
-    keys = noise.row_keys(torch.tensor(7), B, H)
-
-    def draw(keys):
-        return chunk_noise(keys, fused.counters(0, 16, keys.device), fused.counters(0, 16, keys.device), "weibull", 2.0, 1.0, 0.3, torch.float32)
+    def draw(seeds):
+        keys = noise.row_keys(seeds, B, H)
+        counters = noise.counters(0, 16, seeds.device)
+        return (keys, *chunk_noise(keys, counters, counters, "weibull", 2.0, 1.0, 0.3, torch.float32),
+                noise.noise_map(seeds, torch.Size([B, H, 5, 7]), "lognormal", sigma=0.7))
 
     torch._dynamo.reset()
-    compiled = torch.compile(draw)(keys)
+    compiled = torch.compile(draw)(seeds)
     torch._dynamo.reset()
-    for got, expected in zip(compiled, draw(keys)):
+    for got, expected in zip(compiled, draw(seeds)):
         torch.testing.assert_close(got, expected)
 
 
