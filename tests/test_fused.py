@@ -578,3 +578,42 @@ def test_traced_call_under_compile_gives_the_eager_draw_and_gradients(mask_kind)
     torch.testing.assert_close(lse_c, lse_e, atol=1e-5, rtol=1e-5)
     for a, b in zip(g_c, g_e):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_transformers_reads_the_mask_once_per_forward_pass_and_again_when_it_changes(monkeypatch):
+    """A host read per layer would stall a GPU at every layer: every layer of one forward pass
+    shares its mask's layout; a mask written in place is read again; the kept layout does not keep
+    the mask alive."""
+    import gc
+    import weakref
+
+    import bam_pyro.transformers.attention as hf_attention
+    from bam_pyro.transformers import to_bam
+    from transformers import BertConfig, BertForSequenceClassification
+
+    reads = []
+    read_layout = hf_attention._read_layout
+    monkeypatch.setattr(hf_attention, "_read_layout", lambda *args: reads.append(args[1:]) or read_layout(*args))
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=32)
+    network = to_bam(BertForSequenceClassification(config), BamConfig("wc", k=10.0, beta=1e-2, d_mid=3))
+    ids, mask = torch.randint(5, 60, (2, 6)), torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
+    with poutine.trace():
+        network(ids, attention_mask=mask)
+    assert len(reads) == 1
+
+    padding = torch.ones(2, 1, 6, 6, dtype=torch.bool)
+    padding[1, ..., 4:] = False
+    layout = hf_attention.fused_layout(padding, 6, 6, True)
+    assert layout.key_mask.shape == (2, 1, 1, 6) and not layout.causal
+    assert hf_attention.fused_layout(padding, 6, 6, True) is layout
+    padding[0, 0, 2, 1] = False  # no longer one row for all queries: the materialized path's
+    assert hf_attention.fused_layout(padding, 6, 6, True) is None
+    with torch.inference_mode():  # an inference tensor has no version counter: read every time
+        assert hf_attention.fused_layout(torch.ones(2, 1, 6, 6, dtype=torch.bool), 6, 6, True) is not None
+    fresh = torch.ones(2, 1, 6, 6, dtype=torch.bool)
+    alive = weakref.ref(fresh)
+    assert hf_attention.fused_layout(fresh, 6, 6, True) is not None
+    del fresh
+    gc.collect()
+    assert alive() is None

@@ -7,6 +7,7 @@ transformers routes every attention call, self- and cross-attention, through
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, NamedTuple, Optional
 
 import torch
@@ -148,18 +149,39 @@ def fused_layout(mask: Optional[Tensor], num_queries: int, num_keys: int, querie
     mask, key padding (every row alike; the padded positions are queries too where
     ``queries_are_keys``, as in :class:`SequenceKeys`), or causal with key padding (``Lq == Lk``).
     None for any other mask (sliding windows, caches, custom masks): the materialized path runs it.
-    Telling them apart reads the mask once (it is in memory already)."""
+    Telling them apart reads the mask on the host; transformers passes one mask to every layer of
+    a forward pass, so the layout of the last mask read is kept (while that tensor lives and is
+    not written to): one read per forward pass, not one per layer."""
+    global _last_layout
     if mask is None:
         return FusedLayout(None, None, False)
+    if torch.compiler.is_compiling() or mask.is_inference():  # an inference tensor has no version counter
+        return _read_layout(mask, num_queries, num_keys, queries_are_keys)
+    call = (mask._version, num_queries, num_keys, queries_are_keys)
+    last = _last_layout
+    if last is not None and last[0]() is mask and last[1] == call:
+        return last[2]
+    layout = _read_layout(mask, num_queries, num_keys, queries_are_keys)
+    _last_layout = (weakref.ref(mask), call, layout)
+    return layout
+
+
+#: (the mask, its version and the call's sizes, its layout) of the last mask read
+_last_layout: Optional[tuple[weakref.ref, tuple, Optional[FusedLayout]]] = None
+
+
+def _read_layout(mask: Tensor, num_queries: int, num_keys: int, queries_are_keys: bool) -> Optional[FusedLayout]:
+    """:func:`fused_layout` read from the mask itself. The rows it keeps are copies: views would
+    keep the whole mask alive in :data:`_last_layout`."""
     if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[-1] != num_keys:
         return None
-    first_row = mask[..., :1, :]
+    first_row = mask[..., :1, :].clone()
     if bool((mask == first_row).all()):
         query_mask = first_row.transpose(-1, -2) if queries_are_keys and num_queries == num_keys else None
         return FusedLayout(first_row, query_mask, False)
     if num_queries != num_keys:
         return None
-    last_row = mask[..., -1:, :]  # under a causal mask the last query sees every valid key
+    last_row = mask[..., -1:, :].clone()  # under a causal mask the last query sees every valid key
     causal = torch.ones(num_queries, num_keys, dtype=torch.bool, device=mask.device).tril()
     if bool((mask == (causal & last_row)).all()):
         return FusedLayout(last_row, None, True)
