@@ -259,7 +259,7 @@ def chunked_attention(query: Tensor, key: Tensor, value: Tensor, row_keys: Tenso
         # small enough to trace: Inductor fuses the element-wise chain, recomputed in the backward (module doc)
         chunks = _Chunks(query, key, row_keys, family, float(k), float(sigma), key_mask, causal, float(dropout),
                          query.shape[-2], compiled_noise=False)
-        return checkpoint(_forward, query, key, value, chunks, True, use_reentrant=False)
+        return checkpoint(_forward, query, key, value, chunks, traced=True, use_reentrant=False)
     # a larger call under torch.compile: the operators stay opaque, their noise drawn by Inductor. The
     # choice travels with the call, so that its backward draws the same noise
     compiled_noise = _noise_compiled or torch.compiler.is_compiling()
