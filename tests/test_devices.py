@@ -204,8 +204,8 @@ def test_transformers_bam_trains_on_meta_without_padding():
 
 
 @pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="bam_pyro.transformers.SequenceKeys reads the padding mask on the host "
-                          "(bool((mask == first_row).all())) to tell key padding from other masks")
+                   reason="bam_pyro.transformers reads the attention mask on the host (once per forward pass "
+                          "on the fused path, bool((mask == first_row).all())) to tell key padding from other masks")
 def test_transformers_bam_trains_on_meta_with_padding():
     model = to_device(tiny_bert_model(), META).train()
     ids, mask = torch.randint(5, 60, (3, 7), device=META), torch.ones(3, 7, dtype=torch.long, device=META)
