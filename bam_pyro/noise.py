@@ -35,6 +35,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+
 @torch.library.custom_op("bam_pyro::counters", mutates_args=())
 def counters(start: int, stop: int, device: torch.device) -> Tensor:
     """``arange(start, stop)`` in int32, as an operator ``torch.compile`` calls without seeing into

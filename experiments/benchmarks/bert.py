@@ -53,9 +53,10 @@ from bam_pyro.transformers import DEFAULT_MODEL, resolve_pretrained
 
 #: ``--model`` value of the randomly initialized BERT-base-sized model
 RANDOM_BERT = "random-bert"
-#: Inductor options of ``--compile``: ATen's random draws for dropout. Inductor's own (Philox, one
-#: draw per element in the generated loop) made the compiled soft MiniLM step 1.22x its eager step
-#: on this CPU, 1.01x with ATen's (27 Nov, 16 x 128)
+#: Inductor options of ``--compile``: ATen's random draws for dropout. With Inductor's own (Philox,
+#: one draw per element in the generated loop) the compiled soft MiniLM step took 1.23x its eager
+#: step on the 2-core CPU, with ATen's 0.99 to 1.02 (``--compile --shapes 16x128``, 27 Nov; the
+#: benchmarks page)
 COMPILE_OPTIONS = {"fallback_random": True}
 
 
