@@ -17,13 +17,13 @@ import importlib
 import sys
 
 BENCHMARKS = {
-    "gat": "experiments.benchmarks.gat",
-    "gat-minibatch": "experiments.benchmarks.gat_minibatch",
-    "predictive": "experiments.benchmarks.predictive",
-    "bert": "experiments.benchmarks.bert",
-    "nmt": "experiments.benchmarks.nmt",
-    "vqa": "experiments.benchmarks.vqa",
-    "captioning": "experiments.benchmarks.captioning",
+    "gat": "experiments.gat.benchmark",
+    "gat-minibatch": "experiments.gat.benchmark_minibatch",
+    "predictive": "experiments.gat.benchmark_predictive",
+    "bert": "experiments.glue.benchmark",
+    "nmt": "experiments.nmt.benchmark",
+    "vqa": "experiments.vqa.benchmark",
+    "captioning": "experiments.captioning.benchmark",
 }
 
 

@@ -32,8 +32,8 @@ from experiments.runner import Task, require_agreement, write_tables
 
 
 def task_of(name: str) -> Task:
-    """A task script's :class:`~experiments.runner.Task`, by its name (``experiments.<name>.TASK``)."""
-    return importlib.import_module(f"experiments.{name}").TASK
+    """A task's :class:`~experiments.runner.Task`, by its name (``experiments.<name>.task.TASK``)."""
+    return importlib.import_module(f"experiments.{name}.task").TASK
 
 
 def merged(records: Sequence[dict], compare: bool) -> pd.DataFrame:

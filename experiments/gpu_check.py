@@ -28,7 +28,7 @@ The last line sums up: parts ok, failed, timed out and skipped, and the seconds 
 The budgets come from runs on a lent H100 (torch 2.11, 27 Nov 2026): a cold python process there
 takes 5 to 20 s to import torch, Pyro and transformers and to start CUDA, so each part does little
 work (a few steps, a few hundred examples), and benchmarks measure GPU memory in their own process
-(:func:`experiments.benchmarks.process.memory_measurement`).
+(:func:`experiments.runner.benchmarking.memory_measurement`).
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
+
+from experiments.bench import BENCHMARKS
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the whole check's budget: the parts' budgets add up to at most this
@@ -105,7 +107,7 @@ def plan(data_root: Optional[str], wheels: Optional[str], work: Path) -> list[Pa
     parts.append(Part("environment", ("-c", ENVIRONMENT_REPORT), 25, needs_gpu=False, json_result=True))
     # captioning's grids, computed once on all CPU cores before its benchmark and its training read
     # them (skipped with them where there is no GPU: minutes of a small CPU)
-    parts.append(Part("caption-features", ("-m", "experiments.caption_features", "--threads", str(os.cpu_count() or 1)), 25,
+    parts.append(Part("caption-features", ("-m", "experiments.captioning.features", "--threads", str(os.cpu_count() or 1)), 25,
                       modules=("efficientnet_lite_pytorch",)))
     parts.append(Part("cuda-tests", ("-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", *cuda_test_files()), 70))
     bench = ("-m", "experiments.bench")
@@ -118,7 +120,7 @@ def plan(data_root: Optional[str], wheels: Optional[str], work: Path) -> list[Pa
         ("captioning", ("--steps", "5", "--warmup", "1", "--memory-repeats", "1"), 20, ("efficientnet_lite_pytorch",)),
         ("predictive", ("--untrained", "--repeats", "2", *data), 20, ()),
     ):
-        source = f"experiments/benchmarks/{name.replace('-', '_')}.py"
+        source = BENCHMARKS[name].replace(".", "/") + ".py"
         parts.append(Part(f"bench-{name}", (*bench, name, *options, "--device", "cuda"), budget,
                           needs_option=("--device", source), modules=("pyro", *modules), json_result=True))
     for name, command, budget, modules in (
@@ -135,7 +137,7 @@ def plan(data_root: Optional[str], wheels: Optional[str], work: Path) -> list[Pa
     ):
         out = ("--variant", "wc", "--seeds", "0", "--no-progress", "--out", str(work / f"train-{name}"))
         parts.append(Part(f"train-{name}", (*command, *out, *GPU_TRAINING), budget,
-                          needs_option=("--accelerator", "experiments/runner.py"), modules=("pyro", *modules)))
+                          needs_option=("--accelerator", "experiments/runner/__init__.py"), modules=("pyro", *modules)))
     return parts
 
 

@@ -27,7 +27,7 @@ import pandas as pd
 from analysis.curves import training_curves
 from analysis.plots import paired_runs, reliability_diagram
 from experiments.collect import task_of
-from experiments.graph_uncertainty import long_format, reliability_curves
+from experiments.gat.uncertainty import long_format, reliability_curves
 from experiments.records import RunFolder, flatten, read_folders
 from experiments.runner import Task, require_agreement, task_tables
 
@@ -91,7 +91,7 @@ PUBLISHED: dict[str, tuple[Union[Table, Figure], ...]] = {
         Figure("gat_curves.png", "gat", curves_figure),
         Figure("gat_reliability.png", "graph", reliability_figures),
     ),
-    "captioning": (  # the tables of experiments.captioning_tables
+    "captioning": (  # the tables of experiments.captioning.tables
         Table("captioning_table3.md", "captioning", "table3"),
         Table("captioning_paired.md", "captioning", "table3-paired"),
         Figure("captioning_paired.png", "captioning", paired_figure),

@@ -28,7 +28,7 @@ def data_root() -> Path:
 
 @pytest.fixture(scope="session")
 def cora(data_root):
-    from experiments.planetoid import load_planetoid
+    from experiments.gat.planetoid import load_planetoid
 
     return load_planetoid("cora", data_root)
 

@@ -21,7 +21,7 @@ from bam_pyro import (
     variational_distribution,
 )
 from bam_pyro.normalize import log_normalized
-from experiments.gat import PRESETS, TASK
+from experiments.gat.task import PRESETS, TASK
 from bam_pyro import AttentionGuide
 from bam_pyro.pyg import BayesianGATConv, EdgeKeys
 from bam_pyro.pyg.gat_conv import (

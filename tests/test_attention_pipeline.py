@@ -12,10 +12,10 @@ import torch
 
 from bam_pyro import BamConfig, ObjectiveConfig, diagnostics
 from bam_pyro.diagnostics import chain_seeds, seeded_chains
-from experiments.graph_uncertainty import attention_diagnostics
-from experiments.multi30k import make_batch
-from experiments.nmt_attention import SITE, posterior_chains
-from experiments.vqa_uncertainty import guided_attention_chains
+from experiments.gat.uncertainty import attention_diagnostics
+from experiments.nmt.multi30k import make_batch
+from experiments.nmt.attention import SITE, posterior_chains
+from experiments.vqa.uncertainty import guided_attention_chains
 from models.gat import build_node_classifier
 from models.nmt import NetworkSizes, build_translator
 from models.vqa import McanSizes, build_vqa_model

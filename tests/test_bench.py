@@ -6,7 +6,10 @@ import os
 import pytest
 import torch
 
-from experiments.benchmarks import bert, gat, predictive, process
+from experiments.gat import benchmark as gat
+from experiments.gat import benchmark_predictive as predictive
+from experiments.glue import benchmark as bert
+from experiments.runner import benchmarking as process
 
 
 @pytest.mark.slow  # fresh processes per model; run with make test-slow
@@ -48,7 +51,7 @@ def test_compiled_bert_bench_times_both_eager_models_in_the_same_round(tiny_bert
 def test_predictive_bench_samples_a_saved_model_in_a_fresh_process(tmp_path, cora, data_root):
     import torch
 
-    from experiments.gat import TASK, build_model
+    from experiments.gat.task import TASK, build_model
 
     data, num_features, num_classes = cora
     checkpoint = tmp_path / "wc.pt"

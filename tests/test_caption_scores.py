@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from pycocoevalcap.tokenizer import ptbtokenizer
 
-from experiments import caption_scores
-from experiments.caption_scores import ptb_tokenize, ptb_tokens, score_captions
+from experiments.captioning import scores as caption_scores
+from experiments.captioning.scores import ptb_tokenize, ptb_tokens, score_captions
 
 JAVA = shutil.which("java")
 needs_java = pytest.mark.skipif(JAVA is None, reason="java is not on the PATH (coco-caption's Java tools)")

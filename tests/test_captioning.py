@@ -11,10 +11,10 @@ from pyro.infer import TraceMeanField_ELBO
 
 from bam_pyro import AttentionGuide, BamConfig, ObjectiveConfig
 from bam_pyro.alignment import AlignmentConfig, LatentAlignmentModel, elbo_for, guide_for
-from experiments.caption_features import CHANNELS, GRID_CELLS, GridFeatureExtractor, ImageError, load_pixels
-from experiments.captions import (BOS, EOS, PAD, UNK, Vocabulary, build_caption_data, read_flickr_subset,
+from experiments.captioning.features import CHANNELS, GRID_CELLS, GridFeatureExtractor, ImageError, load_pixels
+from experiments.captioning.captions import (BOS, EOS, PAD, UNK, Vocabulary, build_caption_data, read_flickr_subset,
                                   read_karpathy, split_by_image)
-from experiments.captioning import CaptioningSettings
+from experiments.captioning.task import CaptioningSettings
 from models.captioning import Att2inSizes, CaptionNetwork, build_captioner
 from models.decoding import greedy
 
@@ -201,7 +201,7 @@ def test_settings_errors_name_the_field():
 
 
 def test_posterior_draws_of_every_step_beside_the_prior(tiny_data):
-    from experiments.caption_attention import attention_draws
+    from experiments.captioning.attention import attention_draws
 
     model = build_captioner(len(tiny_data.vocabulary), tiny_data.feature_size, TINY, WC, ObjectiveConfig())
     posterior, prior = attention_draws(model, tiny_data.test, draws=5)
@@ -218,7 +218,7 @@ def test_posterior_draws_of_every_step_beside_the_prior(tiny_data):
 
 @pytest.mark.slow  # fresh processes that load the cached features of all 1,000 photos
 def test_bench_prints_interleaved_time_and_memory_ratios(capsys):
-    from experiments.benchmarks import captioning as bench
+    from experiments.captioning import benchmark as bench
 
     bench.main(["--batch", "5", "--steps", "3", "--warmup", "1", "--memory-repeats", "1"])
     figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -1,4 +1,4 @@
-"""The captioning tables (experiments.captioning_tables) on run records in the runner's format:
+"""The captioning tables (experiments.captioning.tables) on run records in the runner's format:
 means over seeds, paired differences over shared seeds, METEOR without java, the paper's rows, and
 the published Markdown of ``python -m experiments.results captioning``."""
 
@@ -11,7 +11,7 @@ import pandas as pd
 from scipy import stats
 
 from experiments import results as published
-from experiments.captioning_tables import COLUMNS, NOT_SCORED, PAPER_DATA, tables
+from experiments.captioning.tables import COLUMNS, NOT_SCORED, PAPER_DATA, tables
 from experiments.records import RunFolder, new_record
 from experiments.runner import RunSettings, Task
 

@@ -127,7 +127,7 @@ def test_the_sites_kl_traces_into_one_graph(variant):
 def test_gat_bench_compile_prints_eager_and_compiled_times_and_paired_ratios(capsys):
     import json
 
-    from experiments.benchmarks import gat
+    from experiments.gat import benchmark as gat
 
     gat.main(["--nodes", "60", "--edges", "240", "--features", "8", "--steps", "3", "--threads", "1", "--compile",
               "--models", "soft", "wc"])

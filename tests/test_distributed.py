@@ -94,7 +94,7 @@ def test_two_processes_resume_inside_an_epoch_bit_for_bit(two_processes):
 
 @pytest.mark.slow  # Cora and a GAT in two processes: about 20 s on a busy machine
 def test_the_runner_trains_a_run_on_two_processes_and_writes_one_record(tmp_path, data_root):
-    from experiments import gat
+    from experiments.gat import task as gat
 
     out = tmp_path / "gat"
     run_two_processes(lambda: gat.main(["--variant", "wc", "--max-epochs", "3", "--devices", "2", "--accelerator", "cpu",
@@ -141,7 +141,7 @@ def restore_determinism():
 
 def test_deterministic_option_turns_on_torchs_deterministic_algorithms_and_the_record_says_so(tmp_path, data_root,
                                                                                               restore_determinism):
-    from experiments import gat
+    from experiments.gat import task as gat
 
     assert not torch.are_deterministic_algorithms_enabled()
     gat.main(["--variant", "wc", "--max-epochs", "2", "--deterministic", "--threads", "1", "--no-progress",
@@ -277,7 +277,7 @@ def test_without_lightning_one_process_trains_and_fabric_options_fail_naming_the
 
 
 def test_the_runner_takes_fabric_options_and_refuses_bad_ones(capsys):
-    from experiments.gat import TASK
+    from experiments.gat.task import TASK
 
     parser, _ = build_parser(TASK)
     args = parser.parse_args(["--accelerator", "cuda", "--devices", "4", "--num-nodes", "2", "--strategy", "ddp",

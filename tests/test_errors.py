@@ -8,10 +8,10 @@ from bam_pyro import (AttentionGuide, BamConfig, BayesianAttention, DenseKeys, M
 from bam_pyro.pyg import EdgeKeys
 from experiments.data_root import require_files
 from experiments.bench import main as bench_main
-from experiments.gat import TASK as GAT
-from experiments.gat import main as gat_main
-from experiments.glue import TASK as GLUE
-from experiments.planetoid import load_planetoid
+from experiments.gat.task import TASK as GAT
+from experiments.gat.task import main as gat_main
+from experiments.glue.task import TASK as GLUE
+from experiments.gat.planetoid import load_planetoid
 from bam_pyro.pyg import validate_graph
 from bam_pyro.training import DamagedFile, read_checkpoint
 from bam_pyro.transformers import resolve_pretrained

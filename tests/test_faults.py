@@ -18,7 +18,12 @@ from typing import Callable, Iterator, NamedTuple, Optional, Sequence
 import pytest
 
 from bam_pyro.training import DamagedFile
-from experiments import collect, curves, gat, nmt, nmt_search, nmt_uncertainty, vqa
+from experiments import collect, curves
+from experiments.gat import task as gat
+from experiments.nmt import search as nmt_search
+from experiments.nmt import task as nmt
+from experiments.nmt import uncertainty as nmt_uncertainty
+from experiments.vqa import task as vqa
 from experiments.runner import load_trained
 
 RUN = "cora-soft-seed0"

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from bam_pyro.metrics import uncertainty_report
-from experiments.glue import TASK, scores, side_by_side
-from experiments.glue_data import TASKS, Encoded, batches, holdout_split, matthews, read_split, subset, task_metrics
+from experiments.glue.task import TASK, scores, side_by_side
+from experiments.glue.data import TASKS, Encoded, batches, holdout_split, matthews, read_split, subset, task_metrics
 
 
 def settings_for(task, variant, seed, model, overrides):
@@ -52,7 +52,7 @@ def test_without_a_data_root_the_hub_copy_is_read_in_the_tsv_columns(task, tmp_p
     is out of reach here, so its answer is the tsv's rows in the hub's columns and label codes."""
     import datasets
 
-    from experiments import glue_data
+    from experiments.glue import data as glue_data
 
     tsv = read_split(task, "dev", data_root).head(5)
     texts = ("sentence1", "sentence2") if "text_b" in tsv else ("sentence",)
@@ -143,7 +143,7 @@ def test_posterior_probs_vary_for_bam_only():
     from transformers import BertConfig, BertForSequenceClassification
 
     from bam_pyro import BamConfig, ObjectiveConfig
-    from experiments.glue import posterior_probs
+    from experiments.glue.task import posterior_probs
     from bam_pyro.transformers import build_sequence_model
 
     config = BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
@@ -160,8 +160,8 @@ def test_posterior_probs_vary_for_bam_only():
 
 def test_training_epochs_are_shuffled_differently_and_reproducibly(monkeypatch, tmp_path, tiny_bert_folder):
     """The training batches' order per epoch, read off the batches the task's train draws."""
-    import experiments.glue as glue
-    from experiments.glue_data import GlueData
+    import experiments.glue.task as glue
+    from experiments.glue.data import GlueData
     from experiments.runner import RunContext
 
     orders = []
@@ -188,7 +188,7 @@ def test_glue_script_trains_scores_tabulates_and_skips_finished_runs(tmp_path, d
     """experiments.glue end to end on real RTE data with a tiny randomly initialized BERT saved
     beside the MiniLM tokenizer: both variants train, are scored on dev, side by side; asking
     again trains nothing, and with another number of draws is refused."""
-    from experiments.glue import main as glue
+    from experiments.glue.task import main as glue
 
     argv = ["--task", "rte", "--variant", "soft", "wc", "--seeds", "0", "--model", str(tiny_bert_folder),
             "--data-root", str(data_root), "--out", str(tmp_path / "glue"), "--max-train", "48", "--epochs", "1",
@@ -216,7 +216,7 @@ def test_the_pretrained_minilm_under_bam_learns_sst2(tmp_path, data_root):
     """The default pretrained model with BAM-WC attention, finetuned on real data, learns the task
     (under a minute on 2 cores): 800 SST-2 sentences, 2 epochs, and more attention noise than the
     task's preset (k = 10, not 1000), so that the stochastic path is what gets trained."""
-    from experiments.glue import main as glue
+    from experiments.glue.task import main as glue
 
     glue(["--task", "sst2", "--variant", "wc", "--seeds", "0", "--max-train", "800", "--epochs", "2",
           "--lr", "1e-4", "--k", "10", "--draws", "4", "--data-root", str(data_root), "--out", str(tmp_path),
@@ -230,7 +230,7 @@ def test_the_pretrained_minilm_under_bam_learns_sst2(tmp_path, data_root):
 def test_runs_record_the_model_by_the_name_given_not_where_it_is_installed(tmp_path, data_root, monkeypatch):
     """The default model's folder is inside the virtual environment; recording the name keeps the
     records of two checkouts comparable (collect refuses runs whose model differs)."""
-    from experiments import glue
+    from experiments.glue import task as glue
     from experiments.runner import run_cli
     from bam_pyro.transformers import DEFAULT_MODEL
 

@@ -42,11 +42,11 @@ def test_cpu_run_skips_the_gpu_parts_and_says_why(capsys):
 def test_a_command_without_the_option_is_skipped_by_name(tmp_path):
     environment = {"PATH": "", "PYTHONPATH": str(gpu_check.ROOT)}
     offers = gpu_check.Part("bench-x", ("-m", "experiments.bench", "gat-minibatch"), 10,
-                            needs_option=("--device", "experiments/benchmarks/gat_minibatch.py"))
-    lacks = gpu_check.Part("train-x", ("-m", "experiments.gat"), 10, needs_option=("--no-such-option", "experiments/gat.py"))
+                            needs_option=("--device", "experiments/gat/benchmark_minibatch.py"))
+    lacks = gpu_check.Part("train-x", ("-m", "experiments.gat"), 10, needs_option=("--no-such-option", "experiments/gat/task.py"))
     missing = gpu_check.Part("bench-y", ("-m", "experiments.bench", "vqa"), 10, modules=("no_such_module_here",))
     assert gpu_check.skip_reason(offers, True, environment) is None
-    assert gpu_check.skip_reason(lacks, True, environment) == "experiments/gat.py defines no --no-such-option option in this checkout"
+    assert gpu_check.skip_reason(lacks, True, environment) == "experiments/gat/task.py defines no --no-such-option option in this checkout"
     assert "missing modules ['no_such_module_here']" in gpu_check.skip_reason(missing, True, environment)
 
 
@@ -92,7 +92,7 @@ def test_every_training_command_parses(tmp_path):
 
     for part in planned(tmp_path):
         if part.name.startswith("train-"):
-            task = importlib.import_module(part.command[1]).TASK
+            task = importlib.import_module(f"{part.command[1]}.task").TASK
             parser, names = build_parser(task)
             arguments = list(part.command[2:])
             if "--accelerator" not in parser.format_help():

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from analysis.report import build_report
-from experiments.gat import TASK, node_metrics
-from experiments.gat import main as gat
+from experiments.gat.task import TASK, node_metrics
+from experiments.gat.task import main as gat
 from experiments.runner import load_trained
 
 

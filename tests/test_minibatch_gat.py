@@ -154,7 +154,7 @@ def test_counting_every_row_of_the_subgraphs_is_biased():
 @pytest.mark.slow
 def test_gat_task_learns_on_minibatches(data_root, tmp_path):
     """experiments.gat with --batch-size: neighbour-sampled training of BAM-WC on Cora learns."""
-    from experiments import gat
+    from experiments.gat import task as gat
     from experiments.records import RunFolder
 
     gat.main(["--dataset", "cora", "--variant", "wc", "--batch-size", "35", "--num-neighbors", "5,5",
@@ -165,7 +165,7 @@ def test_gat_task_learns_on_minibatches(data_root, tmp_path):
 
 
 def test_gat_task_refuses_a_bad_fanout(data_root, tmp_path, capsys):
-    from experiments import gat
+    from experiments.gat import task as gat
 
     with pytest.raises(SystemExit):
         gat.main(["--batch-size", "8", "--num-neighbors", "10", "--data-root", str(data_root), "--out", str(tmp_path)])

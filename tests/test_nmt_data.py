@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from experiments import multi30k
-from experiments.multi30k import BOS, EOS, PAD, BpeSettings, load_multi30k, read_split, train_bpe
+from experiments.nmt import multi30k
+from experiments.nmt.multi30k import BOS, EOS, PAD, BpeSettings, load_multi30k, read_split, train_bpe
 from tests.nmt_support import toy_pairs, write_corpus
 
 
@@ -136,7 +136,7 @@ def test_without_a_data_root_the_hub_copy_is_read(tmp_path, monkeypatch):
 
 
 def test_bleu_of_the_references_is_100_also_through_the_bpe(data_root, tmp_path):
-    from experiments.nmt import bleu
+    from experiments.nmt.task import bleu
 
     references = read_split("val", data_root).target
     assert bleu(references, references) == pytest.approx(100.0)

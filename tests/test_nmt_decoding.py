@@ -8,7 +8,7 @@ from torch import nn
 
 from bam_pyro import AttentionGuide, BamConfig, ObjectiveConfig
 from bam_pyro.training import SVITrainer
-from experiments.multi30k import BOS, EOS, make_batch
+from experiments.nmt.multi30k import BOS, EOS, make_batch
 from models.decoding import beam_hypotheses, beam_search, greedy
 from models.nmt import DecoderOutputs, DecoderState, Memory, NetworkSizes, build_translator
 

@@ -7,7 +7,7 @@ from torch.distributions import kl_divergence
 
 from bam_pyro import AttentionGuide, BamConfig, ObjectiveConfig
 from bam_pyro.training import SVITrainer
-from experiments.multi30k import BOS, EOS, make_batch
+from experiments.nmt.multi30k import BOS, EOS, make_batch
 from models.decoding import greedy
 from models.nmt import NetworkSizes, build_translator
 
@@ -129,7 +129,7 @@ def test_generate_broadcasts_over_alignments():
 
 
 def test_vectorized_posterior_draws_vary_and_respect_padding():
-    from experiments.nmt_attention import SITE, as_sentences, posterior_chains
+    from experiments.nmt.attention import SITE, as_sentences, posterior_chains
 
     model = translator()
     batch = make_batch(*sentences((3, 4), (6, 2)))

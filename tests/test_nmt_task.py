@@ -13,10 +13,10 @@ import torch
 from pyro import poutine
 
 from bam_pyro.training import SVITrainer
-from experiments import nmt
-from experiments.multi30k import BOS, EOS, EncodedSplit, ParallelBatch, make_batch
-from experiments import nmt_uncertainty
-from experiments.nmt_attention import alignment_draws, valid_entries
+from experiments.nmt import task as nmt
+from experiments.nmt.multi30k import BOS, EOS, EncodedSplit, ParallelBatch, make_batch
+from experiments.nmt import uncertainty as nmt_uncertainty
+from experiments.nmt.attention import alignment_draws, valid_entries
 from bam_pyro.alignment import ALIGNMENT, guide_for, masked_scores
 from experiments.records import CHECKPOINT, CHECKPOINT_SHA256, RECORD, file_sha256
 from experiments.runner import RunContext, load_trained
@@ -316,7 +316,7 @@ def test_a_finished_run_loads_back_as_it_was_scored(finished_runs, toy_root, tmp
 
 
 def test_loading_a_run_names_what_is_wrong(finished_runs, toy_root, tmp_path):
-    from experiments.gat import TASK as GAT
+    from experiments.gat.task import TASK as GAT
 
     run_dir = finished_runs / "multi30k-wc-seed0"
     with pytest.raises(ValueError, match="is a run of task 'nmt', not 'gat'"):
@@ -378,7 +378,7 @@ def test_attention_posterior_of_chosen_sentences_from_the_command_line(finished_
 
 def test_search_errors_are_told_from_model_errors_on_the_objective_beam_search_maximizes(finished_runs, toy_root, tmp_path, capsys,
                                                                                            monkeypatch):
-    from experiments import nmt_search
+    from experiments.nmt import search as nmt_search
     from models.decoding import length_penalty_factor
 
     runs = [finished_runs / "multi30k-wc-seed0", finished_runs / "multi30k-soft-seed0"]
@@ -422,7 +422,7 @@ def test_search_errors_are_told_from_model_errors_on_the_objective_beam_search_m
 
 
 def test_search_error_and_model_error_shares_by_hand():
-    from experiments.nmt_search import run_summary
+    from experiments.nmt.search import run_summary
 
     scores = pd.DataFrame({
         "reference_log_prob": [-2.0, -9.0, -4.0, -1.0], "reference_pieces": [2, 3, 4, 1],

@@ -18,7 +18,7 @@ import torch
 
 from analysis.tables import mean_interval, paired_difference, summarize
 from bam_pyro import BamConfig, ObjectiveConfig
-from experiments import gat
+from experiments.gat import task as gat
 from experiments.collect import main as collect_main
 from experiments.records import RunFolder, SettingsMismatch, new_record
 from experiments.runner import ATTENTION_FIELDS, OBJECTIVE_FIELDS, RunSettings, Task, build_parser, paired_table, run_cli

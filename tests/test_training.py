@@ -7,7 +7,7 @@ import torch
 
 from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.training import EarlyStopping, SVITrainer, seed_everything
-from experiments.gat import TASK, train
+from experiments.gat.task import TASK, train
 from experiments.runner import RunContext, build_parser
 from bam_pyro import AttentionGuide
 from models.gat import build_node_classifier

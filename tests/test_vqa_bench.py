@@ -4,7 +4,7 @@ tested there; a memory peak is only meaningful in a fresh process, so it is stub
 
 import json
 
-from experiments.benchmarks import vqa
+from experiments.vqa import benchmark as vqa
 
 
 def test_vqa_bench_prints_times_ratios_and_epoch_minutes(capsys, monkeypatch):

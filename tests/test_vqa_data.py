@@ -5,7 +5,7 @@ import pytest
 import torch
 from PIL import Image
 
-from experiments.easy_vqa import ANSWER_TYPES, Vocabulary, load_easy_vqa, make_split, read_images
+from experiments.vqa.easy_vqa import ANSWER_TYPES, Vocabulary, load_easy_vqa, make_split, read_images
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,13 @@ import pandas as pd
 import pytest
 import torch
 
-import experiments.vqa
+import experiments.vqa.task
 from analysis.vqa_figures import QuestionView, attention_picture, noise_sweep_figure, spotlight
-from experiments.easy_vqa import load_easy_vqa
+from experiments.vqa.easy_vqa import load_easy_vqa
 from experiments.runner import RunContext
-from experiments.vqa import TASK, VqaSettings, presets, train, training_batches
-from experiments.vqa_tables import tables
-from experiments.vqa_uncertainty import condition_metrics, feature_noise
+from experiments.vqa.task import TASK, VqaSettings, presets, train, training_batches
+from experiments.vqa.tables import tables
+from experiments.vqa.uncertainty import condition_metrics, feature_noise
 
 TINY = dict(hidden=32, heads=2, encoder_layers=1, decoder_layers=1, features=16, batch_size=64, lr=3e-3,
             chains=0, samples=0, noise_sweep="")
@@ -58,7 +58,7 @@ def test_feature_noise_reaches_the_test_data_only(few, tmp_path, monkeypatch):
         scored.append((condition, features))
         return condition_metrics(model, split, features, condition, chosen, rows)
 
-    monkeypatch.setattr(experiments.vqa, "condition_metrics", recording)
+    monkeypatch.setattr(experiments.vqa.task, "condition_metrics", recording)
     states = []
     for variance in (5.0, 1e4):
         chosen = settings("wc", max_epochs=1, noise_variance=variance)

@@ -7,13 +7,13 @@ same batch (soft, BAM, soft, BAM, ...: both see the same machine conditions); ``
 median of the per-step ratios BAM / soft and ``time_ratio_iqr`` their interquartile range, beside
 each model's median step (``soft_ms``, ``bam_ms``). Memory: the peak resident memory of building the
 model and taking two steps above the loaded data, in one fresh process per variant and repeat (see
-:mod:`experiments.benchmarks.process`); ``mem_ratio`` is the median over repeats of BAM / soft
+:mod:`experiments.runner.benchmarking`); ``mem_ratio`` is the median over repeats of BAM / soft
 (``mem_ratio_range``: lowest and highest). Both models have the task's default sizes and presets
 (:mod:`experiments.captioning`; BAM-WC: k=10, beta=1e-6, d_mid=10) on the Flickr8k subset's
-features (cached by :mod:`experiments.caption_features`), and train with the task's ELBO.
+features (cached by :mod:`experiments.captioning.features`), and train with the task's ELBO.
 
 Memory measurements run in a fresh process on the CPU and in the benchmark's own process on a GPU
-(:func:`~experiments.benchmarks.process.memory_measurement`).
+(:func:`~experiments.runner.benchmarking.memory_measurement`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import statistics
 import time
 from typing import Any, Callable, Optional
 
-from experiments.benchmarks.process import (
+from experiments.runner.benchmarking import (
     add_device_option, in_fresh_process, interleaved_step_ms, memory_measurement, synchronized, to_device, two_step_peak_mb,
 )
 from experiments.runner import whole_number
@@ -37,7 +37,7 @@ def _training_step(variant: str, data, batch: int, device: str = "cpu") -> Calla
     import torch
 
     from bam_pyro.training import SVITrainer, seed_everything
-    from experiments.captioning import TASK, build_trainable
+    from experiments.captioning.task import TASK, build_trainable
 
     settings = TASK.settings_for("flickr8k", variant, 0, {"batch_size": batch})
     seed_everything(0)
@@ -52,7 +52,7 @@ def _training_step(variant: str, data, batch: int, device: str = "cpu") -> Calla
 def _load(threads: int):
     import torch
 
-    from experiments.captioning import TASK, load_data
+    from experiments.captioning.task import TASK, load_data
 
     torch.set_num_threads(threads)
     return load_data(TASK.settings_for("flickr8k", "soft", 0, {}), None)

@@ -5,14 +5,14 @@
     python -m experiments.captioning --dataset karpathy --karpathy-json dataset_coco.json --image-root COCO_DIR
 
 One SVI run per (variant, seed) of Att2in (:mod:`models.captioning`) over the 7 x 7 grid of a
-pretrained EfficientNet-Lite0 (:mod:`experiments.caption_features`, cached). Data
-(:mod:`experiments.captions`): the Flickr8k subset under the data root (1,000 photos x 5
+pretrained EfficientNet-Lite0 (:mod:`experiments.captioning.features`, cached). Data
+(:mod:`experiments.captioning.captions`): the Flickr8k subset under the data root (1,000 photos x 5
 captions, split by photo 800 / 100 / 100 with ``split_seed``), or any Karpathy-split JSON with its
 image folder (MS-COCO, Flickr8k, Flickr30k). Training is MLE (teacher forcing, each caption of a
 photo its own example) with Adam; each epoch ends with greedy captions of the validation photos,
 scored by CIDEr, on which training stops early (``patience``), keeping the best epoch. The kept model
 captions the validation and test photos greedily (beam search with ``--beam-size``), scored in one
-call per split (:func:`experiments.caption_scores.score_captions`: BLEU-1..4, CIDEr, ROUGE-L,
+call per split (:func:`experiments.captioning.scores.score_captions`: BLEU-1..4, CIDEr, ROUGE-L,
 METEOR where ``java`` runs, in percent); the captions are kept in the run's folder
 (``captions/{val,test}.json``).
 
@@ -40,12 +40,12 @@ from bam_pyro import AttentionGuide, BamModel
 from bam_pyro.alignment import AlignmentConfig, LatentAlignmentModel, elbo_for, guide_for
 from bam_pyro.training import EarlyStopping, seed_everything
 from bam_pyro.validation import whole_number
-from experiments.caption_features import GridFeatureExtractor
-from experiments.caption_scores import score_captions
-from experiments.captioning_tables import tables
-from experiments.captions import (BOS, EOS, CaptionData, CaptionSplit, build_caption_data, read_flickr_subset,
+from experiments.captioning.features import GridFeatureExtractor
+from experiments.captioning.scores import score_captions
+from experiments.captioning.tables import tables
+from experiments.captioning.captions import (BOS, EOS, CaptionData, CaptionSplit, build_caption_data, read_flickr_subset,
                                   read_karpathy, split_by_image, subset_folder)
-from experiments.nmt import Trainable, count_parameters
+from experiments.nmt.task import Trainable, count_parameters
 from experiments.runner import RunContext, RunSettings, Task, model_device, positive, require, run_cli
 from models.captioning import Att2inSizes, CaptionNetwork, build_captioner
 from models.decoding import beam_search, greedy
@@ -208,6 +208,3 @@ TASK = Task(
 def main(argv: Optional[list[str]] = None) -> dict[str, pd.DataFrame]:
     return run_cli(TASK, argv)
 
-
-if __name__ == "__main__":
-    main()

@@ -1,10 +1,10 @@
 """The attention posterior of sentences of your choosing, of a finished translation run: the figure
-and ArviZ diagnostics of :mod:`experiments.nmt_attention` (which a training run writes for the first
+and ArviZ diagnostics of :mod:`experiments.nmt.attention` (which a training run writes for the first
 validation sentences). The first run drawn; the target is the reference, or for ``--source`` the
 given ``--target`` or else the model's own translation::
 
-    python -m experiments.nmt_uncertainty runs/nmt/runs/multi30k-wc-seed0 --split test --sentences 17
-    python -m experiments.nmt_uncertainty runs/nmt/runs/multi30k-wc-seed0 --source "Zwei Hunde spielen im Schnee."
+    python -m experiments.nmt.uncertainty runs/nmt/runs/multi30k-wc-seed0 --split test --sentences 17
+    python -m experiments.nmt.uncertainty runs/nmt/runs/multi30k-wc-seed0 --source "Zwei Hunde spielen im Schnee."
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from experiments.multi30k import BOS, EOS, ParallelBatch, SentencePairs, check_pairs, encode_split, make_batch
-from experiments.nmt import TASK, has_attention_posterior
-from experiments.nmt_attention import CHAINS, SENTENCES, attention_uncertainty
+from experiments.nmt.multi30k import BOS, EOS, ParallelBatch, SentencePairs, check_pairs, encode_split, make_batch
+from experiments.nmt.task import TASK, has_attention_posterior
+from experiments.nmt.attention import CHAINS, SENTENCES, attention_uncertainty
 from experiments.records import require_writable_folder
 from experiments.runner import load_trained
 from models.decoding import beam_search
@@ -60,7 +60,7 @@ def chosen_sentences(run_dir: Path, split_name: str, sentences: Sequence[int], s
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Path]:
-    parser = argparse.ArgumentParser(prog="python -m experiments.nmt_uncertainty", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m experiments.nmt.uncertainty", description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="the folder of a finished translation run, <out>/runs/<run>")
     parser.add_argument("--split", choices=("val", "test"), default="val", help="the split the sentences are from")
     parser.add_argument("--sentences", type=int, nargs="+", default=list(SENTENCES),

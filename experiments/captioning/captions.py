@@ -11,7 +11,7 @@ Two sources of the same shape (photos with several reference captions each, spli
   optional ``filepath`` folder under the image root, and ``sentences`` with ``raw`` text and
   ``tokens``.
 
-Every caption is tokenized as the scorer tokenizes it (:func:`experiments.caption_scores.ptb_tokenize`:
+Every caption is tokenized as the scorer tokenizes it (:func:`experiments.captioning.scores.ptb_tokenize`:
 lowercase, punctuation removed), so training, decoding and scoring see the same words; a Karpathy
 sentence without ``raw`` keeps its ``tokens``. The vocabulary holds the training captions' words
 seen at least ``min_count`` times; a caption is cut to ``max_words`` words and framed as
@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from bam_pyro.validation import require, whole_number
-from experiments.caption_scores import ptb_tokenize
+from experiments.captioning.scores import ptb_tokenize
 from experiments.data_root import require_files, resolve_data_root
 
 #: special words (ids 0..3)

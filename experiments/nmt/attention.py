@@ -43,7 +43,7 @@ from analysis.plots import plt, save_figure
 from bam_pyro import BamModel
 from bam_pyro.alignment import ALIGNMENT, LatentAlignmentModel, guide_for, masked_scores
 from bam_pyro.diagnostics import AttentionDiagnostics, Chain, attention_chains, seeded_chains
-from experiments.multi30k import EncodedSplit, Multi30k, ParallelBatch
+from experiments.nmt.multi30k import EncodedSplit, Multi30k, ParallelBatch
 from experiments.runner import model_device
 
 #: validation sentences whose attention is drawn (the first ones of the file)

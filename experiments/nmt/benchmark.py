@@ -6,7 +6,7 @@ Prints one JSON line: the median SVI step time of every variant in :data:`BENCH_
 ``bam_ms``, ...), its peak memory (``soft_peak_mb``, ...), and BAM-WC's ratios to soft
 (``time_ratio``, ``mem_ratio``). As in ``experiments.bench bert``, times come from one fresh process
 where the variants take their steps in turn (the same machine conditions for all), memory from one
-fresh process per variant that returns freed blocks to the OS (:mod:`experiments.benchmarks.process`):
+fresh process per variant that returns freed blocks to the OS (:mod:`experiments.runner.benchmarking`):
 the peak resident set during setup and two steps, minus the resident set after the imports.
 
 The batch is random pieces, the same for every variant: ``batch`` sentence pairs whose source and
@@ -15,7 +15,7 @@ and training batches group similar lengths). Each variant is built and trained a
 it (:func:`experiments.nmt.build_trainable`, the task's presets), so a new variant is one line here.
 
 Memory measurements run in a fresh process on the CPU and in the benchmark's own process on a GPU
-(:func:`~experiments.benchmarks.process.memory_measurement`).
+(:func:`~experiments.runner.benchmarking.memory_measurement`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import argparse
 import json
 from typing import Any, Callable, Optional
 
-from experiments.benchmarks.process import (
+from experiments.runner.benchmarking import (
     add_device_option, in_fresh_process, interleaved_step_ms, memory_measurement, synchronized, to_device, two_step_peak_mb,
 )
 from experiments.runner import whole_number
@@ -39,8 +39,8 @@ def _training_step(variant: str, preset: str, batch: int, length: int, vocab: in
     import torch
 
     from bam_pyro.training import SVITrainer, seed_everything
-    from experiments.multi30k import make_batch
-    from experiments.nmt import NmtSettings, build_trainable, make_optimizer, presets
+    from experiments.nmt.multi30k import make_batch
+    from experiments.nmt.task import NmtSettings, build_trainable, make_optimizer, presets
 
     settings = NmtSettings(variant=variant, preset=preset, **presets("multi30k", variant))
     generator = torch.Generator().manual_seed(0)
@@ -72,7 +72,7 @@ def measure_memory(variant: str, preset: str, batch: int, length: int, vocab: in
     """Peak memory (MB) of setting up ``variant`` and taking two steps, above the imports."""
     import torch
 
-    import experiments.nmt  # noqa: F401  (imports are not the step's memory)
+    import experiments.nmt.task  # noqa: F401  (imports are not the step's memory)
 
     torch.set_num_threads(threads)
     return two_step_peak_mb(lambda: _training_step(variant, preset, batch, length, vocab, device), device)["peak_mb"]

@@ -33,7 +33,7 @@ from analysis.tables import paired_difference, summarize
 from bam_pyro import AttentionGuide, BamModel, BayesianAttention
 from bam_pyro.predictive import predictive_draws
 from bam_pyro.training import seed_everything
-from experiments.glue_data import TASKS, Encoded, GlueData, batches, load_glue, task_metrics
+from experiments.glue.data import TASKS, Encoded, GlueData, batches, load_glue, task_metrics
 from experiments.runner import RunContext, RunSettings, Task, model_device, positive, require, run_cli
 from bam_pyro.transformers import DEFAULT_MODEL, build_sequence_model, resolve_pretrained
 
@@ -189,6 +189,3 @@ TASK = Task(
 def main(argv: Optional[list[str]] = None) -> dict[str, pd.DataFrame]:
     return run_cli(TASK, argv)
 
-
-if __name__ == "__main__":
-    main()

@@ -8,7 +8,7 @@
 Times come from one fresh process that builds all models and takes their steps in turn
 (round-robin), so that every model sees the same machine conditions; each time is the median over
 its timed steps. Memory comes from one fresh process per model, returning freed blocks to the OS
-(:mod:`experiments.benchmarks.process`): ``*_peak_mb`` is the peak resident memory during a
+(:mod:`experiments.runner.benchmarking`): ``*_peak_mb`` is the peak resident memory during a
 training step (the kernel's high-water mark, reset just before it) minus the resident memory before
 it, i.e. what a step needs on top of data and parameters. GATConv and soft are plain
 cross-entropy/ELBO steps; BAM-WC is the full SVI step (``TraceMeanField_ELBO``, KL and all).
@@ -33,7 +33,7 @@ to ATen. The gathers and sums over the edges are Inductor's own loops. Memory is
 caching allocator's peak during a step.
 
 Memory measurements run in a fresh process on the CPU and in the benchmark's own process on a GPU
-(:func:`~experiments.benchmarks.process.memory_measurement`).
+(:func:`~experiments.runner.benchmarking.memory_measurement`).
 """
 
 from __future__ import annotations
@@ -51,9 +51,9 @@ from torch_geometric.nn import GATConv
 
 from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.training import SVITrainer
-from experiments.benchmarks.process import add_device_option, in_fresh_process, memory_measurement, step_peak_mb, synchronized
-from experiments.gat import GatSettings
-from experiments.planetoid import load_planetoid
+from experiments.runner.benchmarking import add_device_option, in_fresh_process, memory_measurement, step_peak_mb, synchronized
+from experiments.gat.task import GatSettings
+from experiments.gat.planetoid import load_planetoid
 from experiments.runner import whole_number
 from bam_pyro import AttentionGuide
 from models.gat import build_node_classifier, with_self_loops

@@ -25,9 +25,9 @@ from typing import Optional
 import torch
 
 from bam_pyro.predictive import attention_site_names, predictive_draws
-from experiments.benchmarks.process import add_device_option, in_fresh_process, step_peak_mb
-from experiments.gat import TASK, build_model, train_classifier
-from experiments.planetoid import load_planetoid
+from experiments.runner.benchmarking import add_device_option, in_fresh_process, step_peak_mb
+from experiments.gat.task import TASK, build_model, train_classifier
+from experiments.gat.planetoid import load_planetoid
 from experiments.runner import RunContext, whole_number
 
 

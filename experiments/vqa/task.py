@@ -15,7 +15,7 @@ fixed fifth of the training images) and scores the kept model on the test set:
   standardized grid features at test time only);
 - uncertainty of ``--samples`` posterior draws (PAvPU at p < 0.01, 0.05, 0.1, ECE, NLL, ...) of
   ``--uncertainty-questions`` test questions (a fixed random subset; 0: all), in two sampling modes
-  (see :mod:`experiments.vqa_uncertainty`): ``full`` (MC dropout, and for BAM the attention noise
+  (see :mod:`experiments.vqa.uncertainty`): ``full`` (MC dropout, and for BAM the attention noise
   too: the paper's uncertainty for both) and ``attention`` (BAM's attention noise alone);
 - accuracy and PAvPU against the noise variance (``--noise-sweep``);
 - for BAM with a prior, on seed ``--diagnostics-seed``: ArviZ diagnostics of the guided attention's
@@ -39,13 +39,13 @@ import torch.nn.functional as F
 
 from bam_pyro import AttentionGuide
 from bam_pyro.training import EarlyStopping, seed_everything
-from experiments.easy_vqa import EasyVqa, VqaSplit, load_easy_vqa
+from experiments.vqa.easy_vqa import EasyVqa, VqaSplit, load_easy_vqa
 from experiments.runner import RunContext, RunSettings, Task, positive, require, run_cli
-from experiments.vqa_uncertainty import (
+from experiments.vqa.uncertainty import (
     PAVPU_HEADLINE, attention_report, condition_metrics, feature_noise, grid_features, noise_sweep, noisy,
     posterior_mean_logits, uncertainty_rows,
 )
-from experiments.vqa_tables import tables
+from experiments.vqa.tables import tables
 from analysis.vqa_figures import noise_sweep_figure
 from models.vqa import McanSizes, VqaModel, build_vqa_model
 
@@ -195,6 +195,3 @@ TASK = Task(
 def main(argv: Optional[list[str]] = None) -> dict[str, pd.DataFrame]:
     return run_cli(TASK, argv)
 
-
-if __name__ == "__main__":
-    main()

@@ -36,7 +36,7 @@ from analysis.vqa_figures import QuestionView, attention_picture
 from bam_pyro import BamConfig
 from bam_pyro.predictive import predictive_draws
 from bam_pyro.training import seed_everything
-from experiments.easy_vqa import ANSWER_TYPES, EasyVqa, VqaSplit, tokenize, type_key
+from experiments.vqa.easy_vqa import ANSWER_TYPES, EasyVqa, VqaSplit, tokenize, type_key
 from experiments.runner import model_device
 from models.vqa import VqaModel, guided_attention_sites
 

@@ -13,7 +13,7 @@ mini-batch step samples one batch of seeds (the sampling counted in its time and
 trains on its subgraph with the unbiased ELBO of :mod:`bam_pyro.pyg.minibatch`.
 
 Memory measurements run in a fresh process on the CPU and in the benchmark's own process on a GPU
-(:func:`~experiments.benchmarks.process.memory_measurement`).
+(:func:`~experiments.runner.benchmarking.memory_measurement`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import statistics
 import time
 from typing import Any, Callable, Optional
 
-from experiments.benchmarks.process import add_device_option, memory_measurement, step_peak_mb, synchronized
+from experiments.runner.benchmarking import add_device_option, memory_measurement, step_peak_mb, synchronized
 from experiments.runner import whole_number
 
 MODES = ("full", "minibatch")
@@ -39,7 +39,7 @@ def training_step(mode: str, nodes: Optional[int], edges: Optional[int], feature
     from bam_pyro import AttentionGuide, BamConfig, ObjectiveConfig
     from bam_pyro.pyg import FullGraph, NeighborBatches, SubgraphNodeClassifier
     from bam_pyro.training import SVITrainer
-    from experiments.benchmarks.gat import graph
+    from experiments.gat.benchmark import graph
     from models.gat import build_node_classifier
 
     x, edge_index, y, train, num_classes, name = graph(nodes, edges, features, data_root)

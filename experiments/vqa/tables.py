@@ -13,8 +13,8 @@ import pandas as pd
 from bam_pyro.metrics import PAVPU_THRESHOLDS
 from analysis.tables import format_mean_std, mean_std, paired_difference
 from analysis.vqa_figures import sweep_long
-from experiments.easy_vqa import ANSWER_TYPES, type_key
-from experiments.vqa_uncertainty import PAVPU_HEADLINE
+from experiments.vqa.easy_vqa import ANSWER_TYPES, type_key
+from experiments.vqa.uncertainty import PAVPU_HEADLINE
 
 #: the paper's Table 2 (VQA-v2, MCAN): accuracy original, noisy; PAvPU original, noisy
 PAPER_TABLE2 = {

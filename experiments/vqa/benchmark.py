@@ -7,14 +7,14 @@ minutes per epoch those imply (the full training split, steps only), and peak me
 (``soft_peak_mb``, ``bam_peak_mb``, ``mem_ratio``). Times come from one fresh process where both
 models take their steps in turn (so that both see the same machine conditions); memory from one
 fresh process per variant that returns freed blocks to the OS (see
-:mod:`experiments.benchmarks.process`). The peak reported is the peak resident set while building
+:mod:`experiments.runner.benchmarking`). The peak reported is the peak resident set while building
 the model and taking two steps minus the resident set before (the data already loaded), i.e. the
 memory of the model, the optimizer and the training step (``*_rss_mb`` give the peaks themselves).
 Both models have the task's default sizes and presets (``experiments.vqa``; BAM-WC: k=1000,
 beta=1e-6, d_mid=20) and train with :class:`~bam_pyro.training.SVITrainer`'s default ELBO.
 
 Memory measurements run in a fresh process on the CPU and in the benchmark's own process on a GPU
-(:func:`~experiments.benchmarks.process.memory_measurement`).
+(:func:`~experiments.runner.benchmarking.memory_measurement`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import json
 import math
 from typing import Any, Callable, Optional
 
-from experiments.benchmarks.process import (
+from experiments.runner.benchmarking import (
     add_device_option, in_fresh_process, interleaved_step_ms, memory_measurement, soft_and_bam_figures, synchronized,
     to_device, two_step_peak_mb,
 )
@@ -37,7 +37,7 @@ def _training_step(variant: str, data, batch: int, device: str = "cpu") -> Calla
 
     from bam_pyro import AttentionGuide
     from bam_pyro.training import SVITrainer, seed_everything
-    from experiments.vqa import TASK, build_model
+    from experiments.vqa.task import TASK, build_model
 
     settings = TASK.settings_for("easy-vqa", variant, 0, {"batch_size": batch})
     seed_everything(0)
@@ -56,7 +56,7 @@ def measure_time(variants: list[str], batch: int, steps: int, warmup: int, threa
     training split's size."""
     import torch
 
-    from experiments.easy_vqa import load_easy_vqa
+    from experiments.vqa.easy_vqa import load_easy_vqa
 
     torch.set_num_threads(threads)
     data = load_easy_vqa(train_images=images)
@@ -68,7 +68,7 @@ def measure_memory(variant: str, batch: int, threads: int, images: Optional[int]
     """Peak memory (MB) of building ``variant`` and taking two steps, above the loaded data."""
     import torch
 
-    from experiments.easy_vqa import load_easy_vqa
+    from experiments.vqa.easy_vqa import load_easy_vqa
 
     torch.set_num_threads(threads)
     data = load_easy_vqa(train_images=images)

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 
 from bam_pyro import AttentionGuide
 from bam_pyro.training import EarlyStopping, seed_everything
-from experiments.graph_uncertainty import attention_diagnostics, draw_figures, score_modes, uncertainty_table
-from experiments.planetoid import NAMES, load_planetoid
+from experiments.gat.uncertainty import attention_diagnostics, draw_figures, score_modes, uncertainty_table
+from experiments.gat.planetoid import NAMES, load_planetoid
 from experiments.runner import RunContext, RunSettings, Task, paired_table, positive, require, run_cli
 from bam_pyro.pyg import FullGraph, NeighborBatches, NodeClassifier, SubgraphNodeClassifier, validate_graph
 from models.gat import build_node_classifier
@@ -206,6 +206,3 @@ TASK = Task(
 def main(argv: Optional[list[str]] = None) -> dict[str, pd.DataFrame]:
     return run_cli(TASK, argv)
 
-
-if __name__ == "__main__":
-    main()

@@ -11,7 +11,7 @@ with their interquartile range (``time_ratio_iqr``), and peak memory (``soft_pea
 ``bam_peak_mb``, ``mem_ratio``). Times come from one fresh process where the two models take
 their steps in turn (soft, BAM, soft, BAM, ...), so that each ratio compares two steps taken
 under the same machine conditions; memory from one fresh process per variant that returns freed
-blocks to the OS (see :mod:`experiments.benchmarks.process`). The peak reported is the peak
+blocks to the OS (see :mod:`experiments.runner.benchmarking`). The peak reported is the peak
 resident set during setup and two training steps minus the resident set right after the
 imports, i.e. the memory of the model, the optimizer and the training step (``*_rss_mb`` give
 the peaks themselves).
@@ -33,7 +33,7 @@ same, and the compiler's own memory is not the method's. ``--device cuda`` build
 the batch on a GPU: times wait for its kernels, memory is the caching allocator's peak.
 
 Memory measurements run in a fresh process on the CPU and in the benchmark's own process on a GPU
-(:func:`~experiments.benchmarks.process.memory_measurement`).
+(:func:`~experiments.runner.benchmarking.memory_measurement`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import statistics
 import time
 from typing import Any, Callable, Optional
 
-from experiments.benchmarks.process import (
+from experiments.runner.benchmarking import (
     add_device_option, in_fresh_process, memory_measurement, soft_and_bam_figures, synchronized, two_step_peak_mb,
 )
 from experiments.runner import whole_number

@@ -1,6 +1,6 @@
 """The posterior of the captioning attention for a few test photos: ArviZ diagnostics and the paper's Figure 1.
 
-    python -m experiments.caption_attention runs/captioning/runs/flickr8k-wc-seed0 \
+    python -m experiments.captioning.attention runs/captioning/runs/flickr8k-wc-seed0 \
         --figure docs/results/caption_attention.png
 
 For a finished BAM run with a prior (loaded by :func:`experiments.runner.load_trained`), each photo
@@ -30,8 +30,8 @@ from analysis.caption_figure import attention_figure
 from bam_pyro import AttentionGuide
 from bam_pyro.diagnostics import AttentionDiagnostics, seeded_chains
 from bam_pyro.predictive import prior_location
-from experiments.captioning import TASK, CaptioningSettings
-from experiments.captions import BOS, EOS, CaptionData, CaptionSplit, captioned, encode_split
+from experiments.captioning.task import TASK, CaptioningSettings
+from experiments.captioning.captions import BOS, EOS, CaptionData, CaptionSplit, captioned, encode_split
 from experiments.runner import load_trained, whole_number
 from models.captioning import Captioner
 from models.decoding import greedy
@@ -86,7 +86,7 @@ def step_words(data: CaptionData, split: CaptionSplit, photo: int) -> list[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Path]:
-    parser = argparse.ArgumentParser(prog="python -m experiments.caption_attention", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m experiments.captioning.attention", description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="a finished BAM run's folder (<out>/runs/<run>)")
     parser.add_argument("--photos", type=whole_number(1), default=3, help="first test photos diagnosed")
     parser.add_argument("--draws", type=whole_number(4), default=100, help="draws per chain")

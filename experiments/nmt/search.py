@@ -16,7 +16,7 @@ log-likelihoods of both outputs, the two error shares and the length ratio tell 
 
 For the first ``--sentences`` of a split (file order, the same for every run)::
 
-    python -m experiments.nmt_search runs/nmt/runs/multi30k-soft-seed0 runs/nmt/runs/multi30k-va-sample-seed0
+    python -m experiments.nmt.search runs/nmt/runs/multi30k-soft-seed0 runs/nmt/runs/multi30k-va-sample-seed0
 
 writes ``search.csv`` (one row a sentence and run), ``table.csv`` and ``table.md`` (one row a run)
 and ``figures/search.png`` (per run, each sentence's reference score against its output's; points
@@ -37,8 +37,8 @@ import torch
 
 from analysis.plots import plt, save_figure
 from bam_pyro import BamModel
-from experiments.multi30k import BOS, EOS, EncodedSplit, Multi30k
-from experiments.nmt import TASK
+from experiments.nmt.multi30k import BOS, EOS, EncodedSplit, Multi30k
+from experiments.nmt.task import TASK
 from experiments.records import require_writable_folder
 from experiments.runner import load_trained
 from models.decoding import beam_hypotheses, length_limits, length_penalty_factor
@@ -148,7 +148,7 @@ def compare_runs(run_dirs: Sequence[Path], split_name: str, count: int, out: Pat
 
 
 def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
-    parser = argparse.ArgumentParser(prog="python -m experiments.nmt_search", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m experiments.nmt.search", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", type=Path, nargs="+", help="folders of finished translation runs, <out>/runs/<run>")
     parser.add_argument("--split", choices=("val", "test"), default="val")
     parser.add_argument("--sentences", type=int, default=SENTENCES, help="how many, from the first (file order)")

@@ -22,7 +22,7 @@ adds the KL per attention entry, which with the contextual Gamma prior's tiny sh
 
 For the first seed (``uncertainty_seed``) of a variant whose attention has a posterior beside a
 prior (BAM with one, every latent alignment), the run also writes the posterior of the attention of a
-few validation sentences into its folder (:mod:`experiments.nmt_attention`): a heatmap of
+few validation sentences into its folder (:mod:`experiments.nmt.attention`): a heatmap of
 posterior mean, spread and prior, and the ArviZ summary (ESS, R-hat, HDI).
 
 ``va-relaxed`` follows Deng et al.'s Algorithm 2: its first ``jensen_epochs`` epochs (by default a
@@ -53,8 +53,8 @@ from pyro.infer import ELBO
 
 from bam_pyro import AttentionGuide, BamModel
 from bam_pyro.training import EarlyStopping, seed_everything
-from experiments.multi30k import BOS, EOS, HUB_DATASET, BpeSettings, EncodedSplit, Multi30k, load_multi30k
-from experiments.nmt_attention import attention_uncertainty
+from experiments.nmt.multi30k import BOS, EOS, HUB_DATASET, BpeSettings, EncodedSplit, Multi30k, load_multi30k
+from experiments.nmt.attention import attention_uncertainty
 from experiments.runner import RunContext, RunSettings, Task, model_device, positive, require, run_cli
 from models.decoding import beam_search
 from guides.alignment import InferenceNetwork
@@ -336,6 +336,3 @@ TASK = Task(
 def main(argv: Optional[list[str]] = None) -> dict[str, pd.DataFrame]:
     return run_cli(TASK, argv)
 
-
-if __name__ == "__main__":
-    main()

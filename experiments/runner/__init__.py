@@ -64,7 +64,7 @@ from bam_pyro.validation import require
 from bam_pyro.config import GammaShape, PriorScope, Reduction
 from bam_pyro.training import FitResult, SVITrainer, metadata_differences
 
-from .records import (CHECKPOINT, RECORD, RunFolder, SettingsMismatch, new_record, require_writable_folder,
+from experiments.records import (CHECKPOINT, RECORD, RunFolder, SettingsMismatch, new_record, require_writable_folder,
                       setting_differences)
 
 

@@ -155,12 +155,12 @@ def store(file: Path, grid: Tensor) -> None:
 
 
 def main() -> None:
-    """``python -m experiments.caption_features [IMAGE_DIR]``: fill the cache for every photo of a folder."""
+    """``python -m experiments.captioning.features [IMAGE_DIR]``: fill the cache for every photo of a folder."""
     import argparse
 
     from experiments.data_root import resolve_data_root
 
-    parser = argparse.ArgumentParser(prog="python -m experiments.caption_features", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m experiments.captioning.features", description=main.__doc__)
     parser.add_argument("images", nargs="?", help="folder of .jpg photos (default: the data root's flickr8k_subset/images)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()

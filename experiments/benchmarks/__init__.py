@@ -1,1 +1,0 @@
-"""One module per benchmark; each has ``main(argv)`` printing one JSON line."""

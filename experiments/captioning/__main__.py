@@ -1,0 +1,5 @@
+"""``python -m experiments.captioning``: the sweep of :mod:`experiments.captioning.task`."""
+
+from experiments.captioning.task import main
+
+main()

@@ -1,0 +1,1 @@
+"""Translation on Multi30k (de -> en), its decoding search and its attention's uncertainty: ``python -m experiments.nmt``."""
