@@ -137,7 +137,7 @@ def plan(data_root: Optional[str], wheels: Optional[str], work: Path) -> list[Pa
     ):
         out = ("--variant", "wc", "--seeds", "0", "--no-progress", "--out", str(work / f"train-{name}"))
         parts.append(Part(f"train-{name}", (*command, *out, *GPU_TRAINING), budget,
-                          needs_option=("--accelerator", "experiments/runner/__init__.py"), modules=("pyro", *modules)))
+                          needs_option=("--accelerator", "experiments/runner/cli.py"), modules=("pyro", *modules)))
     return parts
 
 
