@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Iterator, Optional
 
 ENV_VAR = "BAM_DATA"
 _SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"  # beside the checkout
@@ -35,3 +35,13 @@ def require_files(directory: Path, names: list[str], what: str) -> None:
             f"{what}: missing {', '.join(missing)} in {directory} "
             f"(set the data root with --data-root or ${ENV_VAR})"
         )
+
+
+def utf8_lines(path: Path, lines: Iterable[bytes]) -> Iterator[str]:
+    """``lines`` (of the file ``path``) decoded; ``ValueError`` naming the file and the line that is
+    not UTF-8."""
+    for number, line in enumerate(lines, start=1):
+        try:
+            yield line.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{path}, line {number}: not UTF-8 ({error.reason} at byte {error.start})") from None

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from bam_pyro.validation import require, whole_number
 from experiments.captioning.scores import ptb_tokenize
-from experiments.data_root import require_files, resolve_data_root
+from experiments.data_root import require_files, resolve_data_root, utf8_lines
 
 #: special words (ids 0..3)
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
@@ -60,8 +60,8 @@ def read_flickr_subset(folder: Path) -> list[CaptionedImage]:
     """The photos of ``folder/captions.txt`` (CSV ``image,caption``), sorted by name."""
     require_files(folder, ["captions.txt"], "the Flickr8k subset")
     captions: dict[str, list[str]] = defaultdict(list)
-    with open(folder / "captions.txt", newline="", encoding="utf-8") as handle:
-        reader = csv.DictReader(handle)
+    with open(folder / "captions.txt", "rb") as handle:
+        reader = csv.DictReader(utf8_lines(folder / "captions.txt", handle))
         if reader.fieldnames is None or not {"image", "caption"} <= set(reader.fieldnames):
             raise ValueError(f"{folder / 'captions.txt'}: expected the CSV header 'image,caption', got {reader.fieldnames}")
         for line, row in enumerate(reader, start=2):

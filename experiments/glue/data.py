@@ -22,7 +22,7 @@ from scipy import stats
 from sklearn.metrics import f1_score, matthews_corrcoef
 from transformers import AutoTokenizer, DataCollatorWithPadding
 
-from experiments.data_root import require_files, resolve_data_root
+from experiments.data_root import require_files, resolve_data_root, utf8_lines
 
 
 @dataclass(frozen=True)
@@ -69,11 +69,17 @@ def read_split(task: str, split: str, data_root: Optional[os.PathLike] = None) -
         return hub_split(task, split, root)
     folder = root / "glue" / spec.folder
     require_files(folder, [f"{split}.tsv"], f"GLUE {task}")
-    frame = pd.read_csv(
-        folder / f"{split}.tsv", sep="\t", quoting=csv.QUOTE_NONE, encoding="utf-8-sig",
-        header=0 if spec.header else None, names=spec.column_names, keep_default_na=False,
-        dtype=str,
-    )
+    path = folder / f"{split}.tsv"
+    try:
+        frame = pd.read_csv(path, sep="\t", quoting=csv.QUOTE_NONE, encoding="utf-8-sig",
+                            header=0 if spec.header else None, names=spec.column_names, keep_default_na=False, dtype=str)
+    except pd.errors.ParserError as error:  # "Error tokenizing data. C error: Expected 4 fields in line 6, saw 5"
+        raise ValueError(f"{path}: {str(error).strip().split('C error: ')[-1]}") from None
+    except UnicodeDecodeError:
+        with open(path, "rb") as handle:
+            for _ in utf8_lines(path, handle):  # raises, naming the line
+                pass
+        raise
     missing = [c for c in (*spec.text_columns, spec.label_column) if c not in frame.columns]
     if missing:
         raise ValueError(f"{folder / f'{split}.tsv'} has no column(s) {missing}; found {list(frame.columns)}")

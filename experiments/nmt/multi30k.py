@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from bam_pyro.validation import whole_number
-from experiments.data_root import default_cache, require_files, resolve_data_root
+from experiments.data_root import default_cache, require_files, resolve_data_root, utf8_lines
 
 #: split name -> file stem under ``<data root>/multi30k`` (the test set is the 2016 Flickr one)
 SPLITS = {"train": "train", "val": "val", "test": "test_2016_flickr"}
@@ -56,11 +56,15 @@ class SentencePairs:
 
 
 def _read_lines(path: Path) -> list[str]:
+    """The lines of a gzip file of UTF-8 text; ``ValueError`` naming the file and the line that
+    could not be read (not UTF-8, or the file cut short or not gzip there)."""
+    lines: list[str] = []
     try:
-        with gzip.open(path, "rt", encoding="utf-8") as handle:
-            return [line.rstrip("\n") for line in handle]
-    except (OSError, EOFError, UnicodeDecodeError) as error:  # BadGzipFile is an OSError
-        raise ValueError(f"{path}: not a gzip file of UTF-8 text ({error})") from None
+        with gzip.open(path, "rb") as handle:
+            lines.extend(line.rstrip("\n") for line in utf8_lines(path, handle))
+    except (OSError, EOFError) as error:  # BadGzipFile is an OSError; a file cut short ends in EOFError
+        raise ValueError(f"{path}, line {len(lines) + 1}: not a whole gzip file ({error})") from None
+    return lines
 
 
 def check_pairs(pairs: SentencePairs, where: str) -> SentencePairs:
