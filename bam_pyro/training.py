@@ -45,9 +45,11 @@ says whether it was on (:meth:`bam_pyro.distributed.LocalEngine.describe`).
 from __future__ import annotations
 
 import copy
+import errno
 import math
 import os
 import random
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +59,11 @@ import numpy as np
 import pyro
 import torch
 from tqdm.auto import tqdm
+
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None
 
 from .distributed import ElboLoss, Engine, LocalEngine
 from .elbo import AttentionMeanFieldELBO
@@ -137,6 +144,37 @@ class DamagedFile(ValueError):
                  advice: str = "delete it to start that training again, or restore it from a copy") -> None:
         self.path, self.reason = Path(path), reason
         super().__init__(f"{path} is damaged ({reason}): {advice}")
+
+
+class WriteFailed(OSError):
+    """A file that could not be written (a full disk, a file-size limit, a quota): one line naming
+    the folder and the reason. The partial file is gone by the time it is raised."""
+
+    def __init__(self, folder: os.PathLike, error: BaseException) -> None:
+        self.folder = Path(folder)
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else _write_failure(self.folder, error)
+        super().__init__(f"cannot write in {folder}: {reason.lower()}")
+
+
+def _write_failure(folder: Path, error: BaseException) -> str:
+    """Why a write that gave no errno failed: torch's writer reports a full disk or a file-size
+    limit only as an "unexpected pos" of its zip stream. Asked while the partial file still
+    takes its room."""
+    try:
+        if shutil.disk_usage(folder).free < 1 << 20:
+            return os.strerror(errno.ENOSPC)
+    except OSError:
+        pass
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0] if resource is not None else None
+    if limit not in (None, getattr(resource, "RLIM_INFINITY", None)):
+        return f"{os.strerror(errno.EFBIG)} (this process may write files of at most {limit} bytes)"
+    return _first_sentence(error)
+
+
+def _is_write_error(error: BaseException) -> bool:
+    """An error of writing a file: the system's, or torch's zip writer's (which carries no errno)."""
+    return isinstance(error, OSError) or (isinstance(error, RuntimeError) and any(
+        mark in str(error) for mark in ("inline_container", "PytorchStreamWriter", "file write failed", "iostream error")))
 
 
 def _first_sentence(error: BaseException) -> str:
@@ -466,15 +504,24 @@ class SVITrainer:
 
     def save(self, path: os.PathLike, early_stopping: Optional[EarlyStopping] = None) -> None:
         """Write the full training state atomically (a crash mid-write keeps the old file); on several
-        processes every process calls it and process 0 writes."""
+        processes every process calls it and process 0 writes. A write that fails (a full disk) or is
+        interrupted leaves no partial file; the failure is :class:`WriteFailed`, naming the folder."""
         path = Path(path)
         tmp = path.with_suffix(path.suffix + ".tmp")
         state = self.state_dict(early_stopping)
         if self.engine.is_global_zero:
             path.parent.mkdir(parents=True, exist_ok=True)
-        self.engine.save(tmp, state)
-        if self.engine.is_global_zero:
-            os.replace(tmp, path)
+        try:
+            self.engine.save(tmp, state)
+            if self.engine.is_global_zero:
+                os.replace(tmp, path)
+        except BaseException as error:
+            failed = WriteFailed(path.parent, error) if _is_write_error(error) else None
+            if self.engine.is_global_zero:
+                tmp.unlink(missing_ok=True)
+            if failed is None or isinstance(error, WriteFailed):
+                raise
+            raise failed from None
         self._last_save = time.perf_counter()
 
     def load(self, path: os.PathLike, early_stopping: Optional[EarlyStopping] = None) -> None:
