@@ -46,13 +46,30 @@ def difference_with_interval(values: pd.Series) -> str:
 
 
 def summarize(results: pd.DataFrame, by: list[str], metrics: list[str]) -> pd.DataFrame:
-    """One row per group: ``metric`` as "mean ± std" text, plus the number of runs ``n``."""
+    """One row per group: ``metric`` as "mean ± std" text, plus ``n``, the number of values of the
+    first metric it averages (runs without a value, such as a diverged one, are left out: see
+    :func:`left_out`); a metric averaged over another number of runs says so, ``(n = 2)``."""
     grouped = results.groupby(by, sort=False)
     table = pd.DataFrame(index=grouped.size().index)
-    table["n"] = grouped.size()
+    table["n"] = grouped[metrics[0]].count() if metrics else grouped.size()
     for metric in metrics:
-        table[metric] = grouped[metric].agg(mean_std)
+        counts = grouped[metric].count()
+        table[metric] = [cell if count == n else f"{cell} (n = {count})"
+                         for cell, count, n in zip(grouped[metric].agg(mean_std), counts, table["n"])]
     return table
+
+
+def left_out(results: pd.DataFrame, by: list[str], metrics: list[str], reasons: str = "missing") -> pd.Series:
+    """Per group of ``by`` that has any: the runs without a value of one of ``metrics``, by seed,
+    with the reason their record gives (column ``reasons``): ``seed 1 (score: the run gave nan)``."""
+    lacking = results[results[metrics].isna().any(axis=1)] if metrics else results.iloc[:0]
+    texts = {}
+    for group, runs in lacking.groupby(by, sort=False):
+        why = runs[reasons] if reasons in runs else pd.Series("", index=runs.index)
+        texts[group] = ", ".join(f"seed {seed} ({reason if isinstance(reason, str) and reason else 'no value'})"
+                                 for seed, reason in zip(runs["seed"], why))
+    index = pd.MultiIndex.from_tuples(list(texts), names=by) if len(by) > 1 else pd.Index(list(texts), name=by[0])
+    return pd.Series(list(texts.values()), index=index, dtype=object)
 
 
 def paired_difference(

@@ -27,7 +27,8 @@ import pandas as pd
 
 from analysis.tables import summarize
 from experiments import catalog
-from experiments.records import flatten, read_folders, require_writable_folder, setting_differences
+from bam_pyro.training import WriteFailed
+from experiments.records import flatten, read_folders, require_writable_folder, setting_differences, write_atomically
 from experiments.runner import Task, require_agreement, write_tables
 
 
@@ -78,19 +79,24 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, pd.DataFrame]:
         task = catalog.load_task(tasks[0])
         settings = [c for c in records[0]["settings"] if c != "seed"]
         results = merged(records, args.compare)
-        if not (args.compare or args.later_wins):
-            require_one_setting_per_run(records)
-            require_agreement(results, task, settings, "use --compare to tabulate them side by side")
+        if not args.compare:
+            if not args.later_wins:
+                require_one_setting_per_run(records)
+            pooled = list({(r["task"], r["run"]): r for r in records}.values())  # a later folder's run replaces an earlier's
+            require_agreement(pooled, task, "use --compare to tabulate them side by side")
     except (ValueError, FileNotFoundError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
-    args.out.mkdir(parents=True, exist_ok=True)
-    results.to_csv(args.out / "results.csv", index=False)
-    if args.compare:
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_atomically(args.out / "results.csv", lambda partial: results.to_csv(partial, index=False))
+        if not args.compare:
+            return write_tables(task, results, args.out)
         table = compare_table(results, task, settings)
-        (args.out / "table.md").write_text(table.to_markdown(index=False, disable_numparse=True) + "\n")
-        print(table.to_markdown(index=False, disable_numparse=True))
-        return {"compare": table}
-    return write_tables(task, results, args.out)
+        write_atomically(args.out / "table.md", lambda partial: partial.write_text(table.to_markdown(index=False, disable_numparse=True) + "\n"))
+    except WriteFailed as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    print(table.to_markdown(index=False, disable_numparse=True))
+    return {"compare": table}
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ refused by name instead of passing one setting's result off as another's. Severa
 run the same sweep into one folder (one per core or GPU): each run is claimed by one of them
 (:meth:`RunFolder.claimed`), the others go on to the next run.
 
-Every file is checked when it is read: a record that is not a record, or a checkpoint that cannot
-be read back, raises :class:`~bam_pyro.training.DamagedFile` naming it and what to do. A record
+Every file is checked when it is read: a record that is not a record (its entries of the wrong
+type; a metric that is not a finite number, unless the record says under ``missing`` why it has
+none, as for a run that diverged), or a checkpoint that cannot be read back, raises
+:class:`~bam_pyro.training.DamagedFile` naming it, the entry and what to do. A record
 holds its run's checkpoint's checksum (taken when the record is saved, once the checkpoint is
 final), so that a finished run's damaged checkpoint is found before it is used, even a change that
 loading would not notice; an unfinished run's checkpoint is verified by loading.
@@ -21,18 +23,22 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import math
 import os
+import shutil
 import subprocess
 import tempfile
 import time
+import zipfile
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
+import numpy as np
 import pandas as pd
 
-from bam_pyro.training import DamagedFile, read_checkpoint, require_same_metadata, same_setting
+from bam_pyro.training import DamagedFile, WriteFailed, read_checkpoint, require_same_metadata, same_setting
 
 RECORD = "record.json"
 CHECKPOINT = "checkpoint.pt"
@@ -41,6 +47,8 @@ LOCK = ".lock"
 CHECKPOINT_SHA256 = "checkpoint_sha256"
 #: what each entry of a record must be for the record to be read
 RECORD_SHAPE = {"task": str, "settings": dict, "metrics": dict, "wall_seconds": (int, float)}
+#: the record's entry that says, per metric that has no value (null), why: a run that diverged, say
+MISSING = "missing"
 #: what to do about a damaged file, by the run it belongs to
 REDO_RECORD = "delete it to redo that run (from its checkpoint, if it kept one), or restore it from a copy"
 RETRAIN_UNFINISHED = "delete it to retrain that run from the start, or restore it from a copy"
@@ -75,7 +83,28 @@ def read_record(path: Path) -> dict[str, Any]:
     wrong = [key for key, kind in RECORD_SHAPE.items() if not isinstance(record.get(key), kind)]
     if wrong:
         raise DamagedFile(path, f"not a record: no valid {', '.join(wrong)}", REDO_RECORD)
+    problem = metric_problem(record)
+    if problem:
+        raise DamagedFile(path, problem, REDO_RECORD)
     return record
+
+
+def metric_problem(record: Mapping[str, Any]) -> Optional[str]:
+    """What is wrong with the record's metrics, None if nothing: each must be a finite number, or
+    null with the reason under ``missing``. A NaN passed over would shrink a mean's sample while its
+    count stays, and a string would end a table in a traceback."""
+    missing = record.get(MISSING) or {}
+    if not isinstance(missing, dict):
+        return f"not a record: {MISSING} is not an object"
+    for name, value in record["metrics"].items():
+        if value is None:
+            if not isinstance(missing.get(name), str):
+                return f"metric {name!r} is null and the record does not say why (no {MISSING}[{name!r}])"
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"metric {name!r} is not a number: {value!r}"
+        elif not math.isfinite(value):
+            return f"metric {name!r} is {value}, not a finite number"
+    return None
 
 
 def file_sha256(path: Path) -> str:
@@ -83,10 +112,11 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(file, "sha256").hexdigest()
 
 
-def require_writable_folder(path: os.PathLike, option: str = "--out") -> None:
+def require_writable_folder(path: os.PathLike, option: str = "--out", room: int = 0) -> None:
     """Raise ``ValueError`` naming ``option`` unless ``path`` is a folder this process may write
-    in, or one it may create. Tried by writing (and removing) a file in the nearest existing
-    folder: permission bits do not tell (root ignores them), nor do read-only file systems."""
+    in, or one it may create, with ``room`` bytes free (a checkpoint is written beside the one it
+    replaces). Tried by writing (and removing) a file in the nearest existing folder: permission
+    bits do not tell (root ignores them), nor do read-only file systems."""
     path = Path(path)
     existing = next(p for p in (path, *path.parents) if p.exists())  # "." or "/" at the latest
     if not existing.is_dir():
@@ -98,6 +128,10 @@ def require_writable_folder(path: os.PathLike, option: str = "--out") -> None:
         raise ValueError(f"{option} {path}: cannot write in {existing} ({error.strerror}): choose another folder") from None
     os.close(handle)
     os.unlink(probe)
+    free = shutil.disk_usage(existing).free
+    if free < room:
+        raise ValueError(f"{option} {path}: {existing} has {free / 2**20:.1f} MiB free, and a checkpoint of these runs "
+                         f"takes {room / 2**20:.1f} MiB: free some room or choose another folder")
 
 
 def source_commit(root: os.PathLike = Path(__file__).resolve().parents[1]) -> Optional[str]:
@@ -130,11 +164,13 @@ def versions() -> dict[str, str]:
 
 
 def flatten(record: Mapping[str, Any]) -> dict[str, Any]:
-    """A record as one results-table row: task, settings, metrics, then training figures."""
+    """A record as one results-table row: task, settings, metrics, then training figures (and why a
+    metric has no value, if one has none)."""
     training = record.get("training") or {}
     summary = {k: training[k] for k in ("epochs", "best_epoch", "seconds") if k in training}
+    missing = {MISSING: "; ".join(f"{k}: {v}" for k, v in record[MISSING].items())} if record.get(MISSING) else {}
     return {"task": record["task"], **record["settings"], **record["metrics"], **summary,
-            "wall_seconds": record["wall_seconds"]}
+            "wall_seconds": record["wall_seconds"], **missing}
 
 
 class RunFolder:
@@ -150,6 +186,11 @@ class RunFolder:
     def record(self, name: str) -> Optional[dict[str, Any]]:
         path = self.run_dir(name) / RECORD
         return read_record(path) if path.is_file() else None
+
+    def largest_checkpoint(self) -> int:
+        """The size in bytes of the folder's largest checkpoint (0 if none): the room a run of its
+        sweep needs to write one more (runs of one sweep have checkpoints of about one size)."""
+        return max((p.stat().st_size for p in self.out.glob(f"runs/*/{CHECKPOINT}")), default=0)
 
     def finished(self, name: str, task: str, settings: Mapping[str, Any]) -> bool:
         """Whether run ``name`` is finished; raises :class:`SettingsMismatch`, naming the
@@ -201,21 +242,27 @@ class RunFolder:
         require_same_metadata(path, state["metadata"], dict(settings))
 
     @contextmanager
-    def claimed(self, name: str) -> Iterator[bool]:
+    def claimed(self, name: str, settings: Optional[Mapping[str, Any]] = None, wait: bool = False) -> Iterator[bool]:
         """Hold run ``name`` for this process while the block runs: True if no other process holds
-        it, False if one does (it is training the run). An advisory lock on ``runs/<run>/.lock``
-        that the system lets go of however the holder ends, so a killed run is free to resume."""
+        it, False if one does (it is training the run); with ``wait``, wait until none does. An
+        advisory lock on ``runs/<run>/.lock`` that the system lets go of however the holder ends, so
+        a killed run is free to resume. The lock file says who holds it (pid and the process's start
+        time: a pid alone may be a later, unrelated process's) and with which ``settings``."""
         path = self.run_dir(name)
         path.mkdir(parents=True, exist_ok=True)
         with open(path / LOCK, "a+") as lock:  # not "w": truncating would erase the holder's pid
             try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
             except BlockingIOError:
                 yield False
                 return
-            lock.truncate(0)
-            lock.write(str(os.getpid()))  # who trains it, for experiments.status
-            lock.flush()
+            holder = {"pid": os.getpid(), "started": process_start(os.getpid()), "settings": dict(settings or {})}
+            try:
+                lock.truncate(0)
+                lock.write(json.dumps(holder, default=_plain))  # who trains it, for experiments.status
+                lock.flush()
+            except OSError as error:
+                raise WriteFailed(path, error) from None
             try:
                 yield True
             finally:
@@ -224,19 +271,32 @@ class RunFolder:
     def holder(self, name: str) -> Optional[int]:
         """The pid of the live process that holds run ``name`` (see :meth:`claimed`), else None.
         Read without taking the lock, so that looking never keeps a worker from a run."""
+        held = self._holding(name)
+        return None if held is None else held["pid"]
+
+    def _holding(self, name: str) -> Optional[dict[str, Any]]:
+        """The lock file's holder (pid, start time, settings) if that process still lives."""
         try:
-            pid = int((self.run_dir(name) / LOCK).read_text() or 0)
-        except (FileNotFoundError, ValueError):
+            held = json.loads((self.run_dir(name) / LOCK).read_text() or "null")
+        except (FileNotFoundError, UnicodeDecodeError, json.JSONDecodeError):
             return None
-        if pid <= 0:
-            return None
-        try:
-            os.kill(pid, 0)  # a killed holder leaves its pid behind: is it still alive?
-        except ProcessLookupError:
-            return None
-        except PermissionError:  # alive, another user's
-            pass
-        return pid
+        if not isinstance(held, dict) or not isinstance(held.get("pid"), int) or held["pid"] <= 0:
+            return None  # released, or written by an older version (a bare pid: no way to tell it is still that process)
+        if held.get("started") is None:  # written where /proc is not: the pid is all there is
+            return held if _alive(held["pid"]) else None
+        if process_start(held["pid"]) != held["started"]:
+            return None  # the holder died; its pid is free, or another process's now
+        return held
+
+    def in_progress(self, task_settings: Optional[Sequence[str]] = None) -> list[dict[str, Any]]:
+        """The runs other live processes are training in this folder, as ``{"run", "file",
+        "settings"}`` (``file``: the lock that says so), for :func:`~experiments.runner.sweep.require_agreement`."""
+        found = []
+        for lock in sorted(self.out.glob(f"runs/*/{LOCK}")):
+            held = self._holding(lock.parent.name)
+            if held is not None and held["pid"] != os.getpid() and held.get("settings"):
+                found.append({"run": lock.parent.name, "file": lock, "settings": held["settings"]})
+        return found
 
     def save(self, name: str, record: Mapping[str, Any]) -> Path:
         """Write a run's record atomically (a reader never sees half a file), with the checksum
@@ -246,14 +306,12 @@ class RunFolder:
         checkpoint = path.with_name(CHECKPOINT)
         if checkpoint.is_file():
             record = {**record, CHECKPOINT_SHA256: file_sha256(checkpoint)}
-        partial = path.with_name(f".{RECORD}.{os.getpid()}")
-        partial.write_text(json.dumps(record, indent=1, default=_plain))
-        os.replace(partial, path)
+        write_atomically(path, lambda partial: partial.write_text(json.dumps(record, indent=1, default=_plain)))
         return path
 
     def records(self) -> list[dict[str, Any]]:
-        """Every finished run's record, with its run's name (``run``)."""
-        return [{**read_record(p), "run": p.parent.name} for p in sorted(self.out.glob(f"runs/*/{RECORD}"))]
+        """Every finished run's record, with its run's name (``run``) and file (``file``)."""
+        return [{**read_record(p), "run": p.parent.name, "file": p} for p in sorted(self.out.glob(f"runs/*/{RECORD}"))]
 
     def write_results(self) -> pd.DataFrame:
         """``results.csv`` rebuilt from every record in the folder (under a lock, so that of two
@@ -261,10 +319,40 @@ class RunFolder:
         self.out.mkdir(parents=True, exist_ok=True)
         with _locked(self.out / ".results.lock"):
             results = pd.DataFrame([flatten(r) for r in self.records()])
-            partial = self.out / f".results.csv.{os.getpid()}"
-            results.to_csv(partial, index=False)
-            os.replace(partial, self.out / "results.csv")
+            write_atomically(self.out / "results.csv", lambda partial: results.to_csv(partial, index=False))
         return results
+
+
+def write_atomically(path: Path, write: Callable[[Path], Any]) -> None:
+    """``write(partial)`` then the partial file renamed to ``path``: a reader sees the old file or
+    the new one, never half of one. A failed write (a full disk) leaves no partial file behind and
+    raises :class:`~bam_pyro.training.WriteFailed`, naming the folder and the reason."""
+    partial = path.with_name(f".{path.stem}-{os.getpid()}{path.suffix}")  # the suffix kept: it tells a format
+    try:
+        write(partial)
+        os.replace(partial, path)
+    except BaseException as error:
+        partial.unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise WriteFailed(path.parent, error) from None
+        raise
+
+
+def read_arrays(path: Path, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """The arrays ``names`` of the ``.npz`` artifact ``path``, read whole (no pickled objects);
+    :class:`~bam_pyro.training.DamagedFile` naming the file if it is cut short, not an archive, or
+    lacks one of them."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            missing = [name for name in names if name not in archive.files]
+            if missing:
+                raise DamagedFile(path, f"no array {', '.join(map(repr, missing))} (it holds {archive.files})", REDO_RECORD)
+            return {name: archive[name] for name in names}
+    except (zipfile.BadZipFile, EOFError, ValueError, OSError) as error:
+        if isinstance(error, DamagedFile) or isinstance(error, (FileNotFoundError, PermissionError)):
+            raise
+        raise DamagedFile(path, f"not a readable .npz: {str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}",
+                          REDO_RECORD) from None
 
 
 def new_record(task: str, settings: Mapping[str, Any], metrics: Mapping[str, Any],
@@ -272,11 +360,17 @@ def new_record(task: str, settings: Mapping[str, Any], metrics: Mapping[str, Any
                environment: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
     """A run's record. ``environment``: where it ran (devices, processes, strategy, precision,
     whether torch's deterministic algorithms were on: :meth:`bam_pyro.distributed.LocalEngine.describe`)."""
+    metrics = dict(metrics)
+    missing = {name: f"the run gave {value}" for name, value in metrics.items()
+               if isinstance(value, float) and not math.isfinite(value)}  # diverged: no value, and why
+    metrics.update(dict.fromkeys(missing))
     record = {
-        "task": task, "settings": dict(settings), "metrics": dict(metrics),
+        "task": task, "settings": dict(settings), "metrics": metrics,
         "training": dict(training) if training else None, "wall_seconds": round(wall_seconds, 1),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": versions(),
     }
+    if missing:
+        record[MISSING] = missing
     if environment is not None:
         record["environment"] = dict(environment)
     return record
@@ -298,6 +392,26 @@ def _locked(path: Path) -> Iterator[None]:
     with open(path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+def process_start(pid: int) -> Optional[str]:
+    """When process ``pid`` started (clock ticks since boot, from ``/proc``): with its pid, it names
+    one process, where a pid alone is reused. None if no such process lives (or no ``/proc``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()[19]  # field 22, starttime; the name in (...) may hold spaces
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        pass
+    return True
 
 
 def _plain(value: Any) -> Any:

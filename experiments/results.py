@@ -18,12 +18,15 @@ checks that the committed ``docs/results`` are what the committed records give.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import pandas as pd
 
+from bam_pyro.training import WriteFailed
 from experiments import catalog
 from experiments.records import RunFolder, flatten, read_folders
 from experiments.runner import Task, require_agreement, task_tables
@@ -53,9 +56,8 @@ def load_results(task: Task, folder: Path) -> pd.DataFrame:
     records = read_folders([folder])
     if {r["task"] for r in records} != {task.name}:
         raise ValueError(f"{folder} holds runs of tasks {sorted({r['task'] for r in records})}, not only {task.name!r}")
+    require_agreement(records, task, f"{folder} should hold one experiment's runs")
     results = pd.DataFrame([flatten(r) for r in records]).sort_values("seed", kind="stable")
-    settings = [name for name in records[0]["settings"] if name != "seed"]
-    require_agreement(results, task, settings, f"{folder} should hold one experiment's runs")
     return in_task_order(results, task)
 
 
@@ -79,15 +81,23 @@ def build(name: str, records: Path = RECORDS, out: Path = DOCS) -> list[Path]:
     task = catalog.load_task(name)
     out.mkdir(parents=True, exist_ok=True)
     results = {source: load_results(task, records / source) for source in sorted({s.source for s in PUBLISHED[name]})}
-    written = []
-    for spec in PUBLISHED[name]:
-        if isinstance(spec, Table):
-            path = out / spec.file
-            path.write_text(table_markdown(task, spec, results[spec.source]))
-            written.append(path)
-        else:
-            written += spec.draw(task, results[spec.source], RunFolder(records / spec.source), out / spec.file)
-    return written
+    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=out))  # every output drawn before any replaces the docs'
+    try:
+        drawn = []
+        for spec in PUBLISHED[name]:
+            if isinstance(spec, Table):
+                path = staging / spec.file
+                path.write_text(table_markdown(task, spec, results[spec.source]))
+                drawn.append(path)
+            else:
+                drawn += spec.draw(task, results[spec.source], RunFolder(records / spec.source), staging / spec.file)
+        for path in drawn:
+            os.replace(path, out / path.name)
+    except OSError as error:
+        raise WriteFailed(out, error) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [out / path.name for path in drawn]
 
 
 def add_runs(name: str, folder: Path, destination: Path) -> list[str]:
@@ -103,6 +113,7 @@ def add_runs(name: str, folder: Path, destination: Path) -> list[str]:
     target, runs = RunFolder(destination), []
     for record in found:
         runs.append(record.pop("run"))
+        del record["file"]
         target.save(runs[-1], record)
         for artifact in sorted(RunFolder(folder).run_dir(runs[-1]).glob("*.npz")):
             shutil.copyfile(artifact, target.run_dir(runs[-1]) / artifact.name)
@@ -133,7 +144,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
             runs = add_runs(args.task, folder, args.records / source)
             print(f"{args.records / source}: {len(runs)} runs from {folder}")
         written = build(args.task, args.records, args.out)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, OSError) as error:  # FileNotFoundError and WriteFailed among the latter
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     for path in written:
         print(path)

@@ -94,13 +94,14 @@ def test_a_sweep_refuses_runs_its_folder_would_pool_or_pair_with_runs_trained_ot
     out = str(tmp_path / "toy")
     run_cli(TOY, ["--dataset", "a", "--variant", "soft", "wc", "--seeds", "0", "1", "--out", out])
     refusals = ((["--variant", "soft", "wc", "--seeds", "2", "--lr", "0.5"],
-                 "the a/soft runs differ in {'lr': ['0.1', '0.5']}: they are not seeds of one experiment"),
+                 "a-soft-seed0 (RECORD) and a-soft-seed2 (asked for) differ in lr=0.1 / 0.5: they are not seeds of one experiment"),
                 (["--variant", "lf", "--seeds", "0", "--steps", "7"],
-                 "the a runs differ in {'steps': ['3', '7']}: variants are paired by seed only if trained alike"))
+                 "a-soft-seed0 (RECORD) and a-lf-seed0 (asked for) differ in steps=3 / 7: variants are paired by seed only if trained alike"))
     for args, message in refusals:
         with pytest.raises(SystemExit) as exit_info:
             run_cli(TOY, ["--dataset", "a", *args, "--out", out])
         err = capsys.readouterr().err
+        message = message.replace("RECORD", str(Path(out, "runs", "a-soft-seed0", "record.json")))
         assert exit_info.value.code == 2 and message in err and "choose another --out" in err, err
     assert len(pd.read_csv(tmp_path / "toy" / "results.csv")) == 4  # nothing was trained
     # a variant of its own attention settings, trained alike, joins the panel
@@ -227,8 +228,9 @@ def test_collect_merges_folders_later_folder_wins_and_refuses_mixed_settings(tmp
 
     other_k = _gat_folder(tmp_path / "k10", [("wc", 2, {"k": 10.0}, 84.0)])
     short = _gat_folder(tmp_path / "short", [("soft", 2, {"max_epochs": 5}, 70.0)])
-    for folders, message in (([second, other_k], "the cora/wc runs differ in {'k': ['1.0', '10.0']}"),
-                             ([other_k, short], "the cora runs differ in {'max_epochs': ['1000', '5']}: variants are paired")):
+    for folders, message in (([second, other_k], f"the cora/wc runs cora-wc-seed0 ({second}/runs/cora-wc-seed0/record.json) and "
+                                                 f"cora-wc-seed2 ({other_k}/runs/cora-wc-seed2/record.json) differ in k=1.0 / 10.0"),
+                             ([other_k, short], "differ in max_epochs=1000 / 5: variants are paired")):
         with pytest.raises(SystemExit):
             collect_main([*folders, "--out", str(tmp_path / "x")])
         assert message in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """experiments.status: finished, training, paused and claimed runs, and the epochs left by the
 early-stopping rule, read from the checkpoints of real (tiny) training runs."""
 
+import json
 import os
 import subprocess
 import sys
@@ -120,3 +121,20 @@ def test_a_damaged_file_is_reported_as_damaged_and_the_other_runs_as_usual(tmp_p
     assert states["toy-wc-seed2"] == "damaged: checkpoint.pt (its checksum differs from the one in its run's record)"
     assert states["toy-wc-seed3"].startswith("damaged: record.json (not JSON")
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_stale_lock_whose_pid_is_now_another_process_is_not_a_holder(tmp_path):
+    """A killed worker's pid, taken since by an unrelated process, is not taken for the worker."""
+    folder = RunFolder(tmp_path)
+    interrupted_run(folder, "toy-wc-seed0", [1.0, 2.0, 3.0], EarlyStopping({"val_loss": "min"}, patience=2), interrupted=False)
+    unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (folder.run_dir("toy-wc-seed0") / LOCK).write_text(str(unrelated.pid))  # a bare pid, as the old lock held
+        assert sweep_status([folder.out]).loc[0, "state"] == "paused (to score)"
+        with folder.claimed("toy-wc-seed0"):  # today's lock: pid and start time, left behind by a killed worker
+            held = json.loads((folder.run_dir("toy-wc-seed0") / LOCK).read_text())
+        (folder.run_dir("toy-wc-seed0") / LOCK).write_text(json.dumps({**held, "pid": unrelated.pid}))
+        assert sweep_status([folder.out]).loc[0, "state"] == "paused (to score)"
+    finally:
+        unrelated.kill()
+        unrelated.wait()

@@ -26,7 +26,7 @@ from analysis.tables import format_mean_std
 from bam_pyro import BayesianAttention
 from bam_pyro.predictive import attention_site_names, predictive_draws
 from bam_pyro.training import seed_everything
-from experiments.records import RunFolder
+from experiments.records import RunFolder, read_arrays
 from bam_pyro.pyg import NodeClassifier
 
 MODE_NOTE = {
@@ -114,7 +114,7 @@ def reliability_curves(runs: pd.DataFrame, folder: RunFolder) -> dict[str, Relia
         seed = int(group["seed"].min())
         saved = folder.run_dir(f"{dataset}-{variant}-seed{seed}") / f"{mode}-probs.npz"
         if saved.exists():
-            arrays = np.load(saved)
+            arrays = read_arrays(saved, ("probs", "labels"))
             curves[f"{variant} ({mode}, seed {seed})"] = reliability(arrays["probs"], arrays["labels"])
     return curves
 

@@ -84,6 +84,8 @@ def build_parser(task: Task) -> tuple[argparse.ArgumentParser, list[str]]:
     parser.add_argument("--checkpoint-minutes", type=float, default=3.0,
                         help="also checkpoint inside an epoch once this many minutes have passed (0: after every step)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--wait", action="store_true",
+                        help="wait for runs another process is training in --out (default: leave them to it)")
     devices = parser.add_argument_group("devices (Lightning Fabric's; not settings: a run may resume on others)")
     devices.add_argument("--accelerator", choices=ACCELERATORS, default=DeviceSettings.accelerator,
                          help="auto: a GPU if there is one, else the CPU")
@@ -102,19 +104,24 @@ def build_parser(task: Task) -> tuple[argparse.ArgumentParser, list[str]]:
 
 def run_cli(task: Task, argv: Optional[Sequence[str]] = None) -> dict[str, pd.DataFrame]:
     """Parse the command line, check every run's settings and data, run the sweep, write and print
-    the tables. User errors end the command with one line and status 2."""
+    the tables. User errors end the command with one line and status 2; Ctrl-C (SIGINT) with one
+    line and status 130, each run's checkpoint as last written."""
     parser, names = build_parser(task)
     args = parser.parse_args(argv)
+    folder = RunFolder(args.out)
     try:
         if args.checkpoint_minutes < 0:
             raise ValueError(f"--checkpoint-minutes must be >= 0, got {args.checkpoint_minutes}")
         if args.data_root is not None and task.data_source:
             raise ValueError(f"--data-root is not read by {task.name}: its data come from {task.data_source}")
-        require_writable_folder(args.out)
+        require_writable_folder(args.out, room=folder.largest_checkpoint())
         engine = engine_for(DeviceSettings(args.accelerator, args.devices, args.num_nodes, args.strategy, args.precision,
                                            args.deterministic))
-        plan = plan_sweep(task, args.panels, args.variant, args.seeds, {n: getattr(args, n) for n in names}, RunFolder(args.out))
+        plan = plan_sweep(task, args.panels, args.variant, args.seeds, {n: getattr(args, n) for n in names}, folder)
     except (ValueError, TypeError, ImportError) as error:
         parser.exit(2, f"{parser.prog}: error: {str(error).strip().splitlines()[0]}\n")
     torch.set_num_threads(args.threads)
-    return run_sweep(task, engine.broadcast(plan), RunFolder(args.out), args, parser, engine)
+    try:
+        return run_sweep(task, engine.broadcast(plan), folder, args, parser, engine)
+    except KeyboardInterrupt:
+        parser.exit(130, f"{parser.prog}: interrupted; the same command resumes from the last checkpoint in {args.out}\n")

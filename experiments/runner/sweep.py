@@ -13,23 +13,48 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 import pandas as pd
 
 from bam_pyro.distributed import Engine, LocalEngine
-from experiments.records import CHECKPOINT, RunFolder, new_record
+from bam_pyro.training import DamagedFile, WriteFailed, same_setting
+from experiments.records import CHECKPOINT, RunFolder, SettingsMismatch, new_record
 from experiments.runner.tables import write_tables
 from experiments.runner.task import VARIANT_SETTINGS, RunContext, RunSettings, Task
 
 
-def require_agreement(results: pd.DataFrame, task: Task, settings: Sequence[str], advice: str) -> None:
+def require_agreement(runs: Sequence[Mapping[str, Any]], task: Task, advice: str) -> None:
     """Runs of a panel and variant share every setting but the seed, and the variants of a panel
     all but their attention's (:data:`VARIANT_SETTINGS`): else their table would pool or pair runs
-    of different experiments. Raises ``ValueError`` naming the settings, and ``advice``."""
-    protocol = [s for s in settings if s not in VARIANT_SETTINGS]
-    for by, names, reason in (([task.panel, "variant"], settings, "they are not seeds of one experiment"),
-                              ([task.panel], protocol, "variants are paired by seed only if trained alike")):
-        for key, runs in results.groupby(by, sort=False):
-            mixed = {n: sorted(map(str, runs[n].unique())) for n in names if runs[n].astype(str).nunique() > 1}
-            if mixed:
-                raise ValueError(f"the {'/'.join(map(str, key if isinstance(key, tuple) else (key,)))} runs "
-                                 f"differ in {mixed}: {reason} ({advice})")
+    of different experiments. A setting one run has and another lacks is a difference too (the
+    lacking one may have had any value). ``runs``: ``{"settings", "run", "file"}`` each (``file``:
+    the record, or the lock of a run in progress; None for a run asked for). Raises
+    :class:`SettingsMismatch` naming both runs, their files and the differing values, and ``advice``."""
+    for by, compared, reason in (((task.panel, "variant"), lambda name: name != "seed", "they are not seeds of one experiment"),
+                                 ((task.panel,), lambda name: name != "seed" and name not in VARIANT_SETTINGS,
+                                  "variants are paired by seed only if trained alike")):
+        first: dict[tuple, Mapping[str, Any]] = {}
+        for run in runs:
+            seen = first.setdefault(tuple(run["settings"].get(name) for name in by), run)
+            names = [n for n in dict.fromkeys([*seen["settings"], *run["settings"]]) if compared(n)]
+            differing = [f"{n}={_value(seen, n)} / {_value(run, n)}" for n in names
+                         if n not in seen["settings"] or n not in run["settings"]
+                         or not same_setting(seen["settings"][n], run["settings"][n])]
+            if differing:
+                group = "/".join(str(run["settings"].get(name)) for name in by)
+                raise SettingsMismatch(f"the {group} runs {_where(seen)} and {_where(run)} differ in {'; '.join(differing)}: "
+                                       f"{reason} ({advice})")
+
+
+def _value(run: Mapping[str, Any], name: str) -> str:
+    return repr(run["settings"][name]) if name in run["settings"] else "not recorded"
+
+
+def _where(run: Mapping[str, Any]) -> str:
+    return f"{run['run']} ({run['file'] if run.get('file') else 'asked for'})"
+
+
+def folder_runs(task: Task, folder: RunFolder) -> list[dict[str, Any]]:
+    """The runs of ``task`` in ``folder`` that a table of it would pool: the finished ones, and
+    those other live processes are training."""
+    return [r for r in folder.records() if r["task"] == task.name] + [
+        r for r in folder.in_progress() if r["settings"].get(task.panel) is not None]
 
 
 def plan_sweep(task: Task, panels: Sequence[str], variants: Sequence[str], seeds: Sequence[int],
@@ -38,28 +63,48 @@ def plan_sweep(task: Task, panels: Sequence[str], variants: Sequence[str], seeds
     the same name with other settings raises :class:`~experiments.records.SettingsMismatch`, and
     an unfinished one whose checkpoint holds other settings ``ValueError``; a damaged record or
     checkpoint raises ``DamagedFile``; a run that would not agree with the folder's finished runs
-    (:func:`require_agreement`: another seed of the same variant trained otherwise) raises
-    ``ValueError``."""
+    or the runs other processes are training in it (:func:`require_agreement`: another seed of the
+    same variant trained otherwise) raises ``SettingsMismatch``."""
     plan, asked = {}, []
     for panel in panels:
         runs = [task.settings_for(panel, v, s, overrides) for s in seeds for v in variants]  # paired by seed
         plan[panel] = [r for r in runs if not folder.finished(task.run_name(r), task.name, r.row())]
         for settings in plan[panel]:
             folder.require_resumable(task.run_name(settings), settings.row())
-        asked += [r.row() for r in plan[panel]]
+        asked += [{"run": task.run_name(r), "file": None, "settings": r.row()} for r in plan[panel]]
     if asked:
-        finished = [r["settings"] for r in folder.records() if r["task"] == task.name]
-        rows = pd.DataFrame(finished + asked, dtype=object)
-        settings = [name for name in asked[0] if name != "seed"]
-        require_agreement(rows, task, settings, f"{folder.out} holds runs of other settings: choose another --out")
+        require_agreement(folder_runs(task, folder) + asked, task, f"{folder.out} holds runs of other settings: choose another --out")
     return plan
 
 
 def run_sweep(task: Task, plan: Mapping[str, list[RunSettings]], folder: RunFolder, args: argparse.Namespace,
               parser: argparse.ArgumentParser, engine: Optional[Engine] = None) -> dict[str, pd.DataFrame]:
     """Train the planned runs (each by the processes of ``engine`` together) and write the tables;
-    processes other than process 0 return no tables."""
+    processes other than process 0 return no tables. A run found finished meanwhile, or claimed
+    while another process trains a run of other settings into the folder, ends the sweep with one
+    line (status 2) before anything of it is trained or tabulated, as does a failed write."""
     engine = engine or LocalEngine()
+    try:
+        left = train_planned(task, plan, folder, args, parser, engine)
+        if not engine.is_global_zero:
+            return {}
+        require_agreement(folder_runs(task, folder), task, f"{folder.out} holds runs of other settings")
+        results = folder.write_results()
+        asked = results[results[task.panel].isin(args.panels) & results["variant"].isin(args.variant)] if len(results) else results
+        if asked.empty:
+            print(f"{folder.out}: no finished run to tabulate yet: {', '.join(left)} "
+                  f"{'is' if len(left) == 1 else 'are'} being trained by other processes (--wait waits for them)", flush=True)
+            return {}
+        return write_tables(task, asked, folder.out)
+    except (SettingsMismatch, DamagedFile, WriteFailed) as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+
+
+def train_planned(task: Task, plan: Mapping[str, list[RunSettings]], folder: RunFolder, args: argparse.Namespace,
+                  parser: argparse.ArgumentParser, engine: Engine) -> list[str]:
+    """Train each planned run that no other process holds (with ``args.wait``, wait for those);
+    returns the names of those left to others."""
+    left = []
     for panel, runs in plan.items():
         if not runs:
             continue
@@ -69,31 +114,32 @@ def run_sweep(task: Task, plan: Mapping[str, list[RunSettings]], folder: RunFold
             parser.exit(2, f"{parser.prog}: error: {error}\n")
         for settings in runs:
             name = task.run_name(settings)
-            with claimed_by_process_zero(folder, name, engine) as ours:
+            with claimed_by_process_zero(folder, name, settings.row(), getattr(args, "wait", False), engine) as ours:
                 if not ours:
                     print(f"{name}: being trained by another process in {folder.out}, left to it", flush=True)
+                    left.append(name)
                     continue
                 if engine.broadcast(engine.is_global_zero and folder.finished(name, task.name, settings.row())):
                     continue  # by another process since the plan
+                if engine.is_global_zero:  # a process that started on this folder with other settings since the plan
+                    require_agreement(folder_runs(task, folder) + [{"run": name, "file": None, "settings": settings.row()}],
+                                      task, f"{folder.out} holds runs of other settings: choose another --out")
                 record = train_one(task, settings, data, folder, args, engine)
             if not engine.is_global_zero:
                 continue
-            shown = ", ".join(f"{m} {record['metrics'][m]:.4g}" for m in task.metrics_of(panel) if m in record["metrics"])
+            shown = ", ".join(f"{m} {record['metrics'][m]:.4g}" for m in task.metrics_of(panel) if record["metrics"].get(m) is not None)
             print(f"{panel} {settings.variant} seed {settings.seed}: {shown} ({record['wall_seconds']:.0f}s)", flush=True)
-    if not engine.is_global_zero:
-        return {}
-    results = folder.write_results()
-    asked = results[results[task.panel].isin(args.panels) & results["variant"].isin(args.variant)]
-    return write_tables(task, asked, folder.out)
+    return left
 
 
 @contextlib.contextmanager
-def claimed_by_process_zero(folder: RunFolder, name: str, engine: Engine) -> Iterator[bool]:
+def claimed_by_process_zero(folder: RunFolder, name: str, settings: Mapping[str, Any], wait: bool,
+                            engine: Engine) -> Iterator[bool]:
     """:meth:`RunFolder.claimed` by process 0, its answer on every process."""
     if not engine.is_global_zero:
         yield engine.broadcast(None)
         return
-    with folder.claimed(name) as ours:
+    with folder.claimed(name, settings, wait) as ours:
         yield engine.broadcast(ours)
 
 
