@@ -7,7 +7,11 @@ own record (atomically), so processes sharing a folder never overwrite each othe
 setting per run: asking for a finished run, or resuming an unfinished one, with other settings is
 refused by name instead of passing one setting's result off as another's. Several processes may
 run the same sweep into one folder (one per core or GPU): each run is claimed by one of them
-(:meth:`RunFolder.claimed`), the others go on to the next run.
+(:meth:`RunFolder.claimed`), the others go on to the next run. The claim's lock file says who
+holds it (pid and process start time, so that a reused pid is not taken for the holder) and with
+which settings, so that another sweep's runs of other settings are refused before they train.
+Writes are atomic (:func:`write_atomically`): one that fails leaves no partial file and raises
+:class:`~bam_pyro.training.WriteFailed`, naming the folder.
 
 Every file is checked when it is read: a record that is not a record (its entries of the wrong
 type; a metric that is not a finite number, unless the record says under ``missing`` why it has

@@ -12,7 +12,9 @@ stay in the run folders. A task declares what it publishes in its folder's ``pub
 drawn from; :data:`PUBLISHED` gathers them. The tables are the runner's own
 (:func:`experiments.runner.task_tables`, the ``table.md`` a sweep prints), rows in the task's order
 of panels and variants, so the same records give byte-identical Markdown; ``tests/test_results.py``
-checks that the committed ``docs/results`` are what the committed records give.
+checks that the committed ``docs/results`` are what the committed records give. Every output is
+drawn into a scratch folder first and replaces the docs' only once all of them are: a damaged
+record or ``.npz`` (one line naming it, status 2) leaves the docs as they were.
 """
 
 from __future__ import annotations

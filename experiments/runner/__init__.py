@@ -15,14 +15,19 @@ the benchmarks' measurements (:mod:`~experiments.runner.benchmarking`). What the
 - one record per run (:mod:`experiments.records`): finished runs are skipped, a finished or
   unfinished run asked for with other settings is refused by name, and an interrupted run resumes
   from its checkpoint (written by epoch and every ``--checkpoint-minutes``); the same command
-  started in several processes shares the sweep out, each run trained by one of them;
+  started in several processes shares the sweep out, each run trained by one of them (a process
+  left with none ends with status 0, or with ``--wait`` waits for the others); runs a table would
+  pool or pair are refused unless their settings agree, at plan time, on claiming a run and before
+  the tables;
 - the tables (mean ± std per variant, the paired difference to soft with its confidence
   interval, the paper's figures beside ours) as Markdown and CSV, and the paired-runs picture;
 - a finished run loaded back (:func:`load_trained`): its settings from the record, its kept
   epoch's parameters from the checkpoint, for analyses after the sweep;
 - user errors (an invalid setting, a missing data file, a finished run with other settings, a
-  damaged record or checkpoint, an output folder that cannot be written) end the command with one
-  line and status 2, as argparse does, before any work; bugs keep their traceback. Every check
+  damaged record or checkpoint, an output folder that cannot be written or has no room for a
+  checkpoint) end the command with one line and status 2, as argparse does, before any work, and
+  so does a write that fails later (a full disk), leaving no partial file; Ctrl-C ends it with one
+  line and status 130; bugs keep their traceback. Every check
   that needs no data runs before the data load: the options, the output folder, the folder's
   records and the checkpoints of the runs asked for (finished: their checksums; unfinished:
   readable and of the same settings);
