@@ -27,9 +27,10 @@ def test_every_task_folder_declares_itself_and_holds_what_it_declares(name):
     assert (EXPERIMENTS / name / "published.py").is_file() == folder.publishes
 
 
-def test_the_tasks_are_the_five_of_the_paper():
-    assert catalog.task_names() == ["captioning", "gat", "glue", "nmt", "vqa"]
-    assert sorted(results.PUBLISHED) == ["captioning", "gat"]
+def test_the_paper_tasks_are_found():
+    """The paper's tasks are found (a new one adds itself: it is not named here)."""
+    assert set(catalog.task_names()) >= {"captioning", "gat", "glue", "nmt", "vqa"}
+    assert set(results.PUBLISHED) >= {"captioning", "gat"}
 
 
 @pytest.fixture
