@@ -145,5 +145,5 @@ def test_noise_sweep_figure_and_attention_picture(tmp_path):
 ])
 def test_bad_settings_end_the_command_with_one_line(option, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as stopped:
-        experiments.vqa.main([*option, "--out", str(tmp_path)])
+        experiments.vqa.task.main([*option, "--out", str(tmp_path)])
     assert stopped.value.code == 2 and message in capsys.readouterr().err

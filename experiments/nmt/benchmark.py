@@ -12,7 +12,7 @@ the peak resident set during setup and two steps, minus the resident set after t
 The batch is random pieces, the same for every variant: ``batch`` sentence pairs whose source and
 target lengths are drawn from ``[3/4 length, length]`` (Multi30k's pieces average 15 per sentence,
 and training batches group similar lengths). Each variant is built and trained as the task trains
-it (:func:`experiments.nmt.build_trainable`, the task's presets), so a new variant is one line here.
+it (:func:`experiments.nmt.task.build_trainable`, the task's presets), so a new variant is one line here.
 
 Memory measurements run in a fresh process on the CPU and in the benchmark's own process on a GPU
 (:func:`~experiments.runner.benchmarking.memory_measurement`).
