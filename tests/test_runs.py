@@ -134,7 +134,7 @@ def test_processes_finishing_at_once_lose_no_run(tmp_path):
     for writer in writers:
         writer.join()
     assert len(pd.read_csv(tmp_path / "results.csv")) == 40
-    assert not list(tmp_path.glob(".results.csv.*")) and not list(tmp_path.glob("runs/*/.record*"))
+    assert not list(tmp_path.glob(".results-*")) and not list(tmp_path.glob("runs/*/.record*"))
 
 
 def test_a_run_another_process_is_training_is_left_to_it(tmp_path, capsys):

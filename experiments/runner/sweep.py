@@ -121,15 +121,25 @@ def train_planned(task: Task, plan: Mapping[str, list[RunSettings]], folder: Run
                     continue
                 if engine.broadcast(engine.is_global_zero and folder.finished(name, task.name, settings.row())):
                     continue  # by another process since the plan
-                if engine.is_global_zero:  # a process that started on this folder with other settings since the plan
-                    require_agreement(folder_runs(task, folder) + [{"run": name, "file": None, "settings": settings.row()}],
-                                      task, f"{folder.out} holds runs of other settings: choose another --out")
+                refusal = engine.broadcast(engine.is_global_zero and _refusal(task, folder, name, settings))
+                if refusal:  # a process that started on this folder with other settings since the plan
+                    parser.exit(2, f"{parser.prog}: error: {refusal}\n")
                 record = train_one(task, settings, data, folder, args, engine)
             if not engine.is_global_zero:
                 continue
             shown = ", ".join(f"{m} {record['metrics'][m]:.4g}" for m in task.metrics_of(panel) if record["metrics"].get(m) is not None)
             print(f"{panel} {settings.variant} seed {settings.seed}: {shown} ({record['wall_seconds']:.0f}s)", flush=True)
     return left
+
+
+def _refusal(task: Task, folder: RunFolder, name: str, settings: RunSettings) -> Optional[str]:
+    """Why run ``name`` may not join the folder's runs (:func:`require_agreement`), None if it may."""
+    try:
+        require_agreement(folder_runs(task, folder) + [{"run": name, "file": None, "settings": settings.row()}],
+                          task, f"{folder.out} holds runs of other settings: choose another --out")
+    except SettingsMismatch as error:
+        return str(error)
+    return None
 
 
 @contextlib.contextmanager
