@@ -3,6 +3,7 @@
     python -m experiments.results gat                  # results/gat, results/graph -> docs/results
     python -m experiments.results gat --add gat=runs/gat --add graph=runs/graph   # take new runs first
     python -m experiments.results captioning --add captioning=runs/captioning      # Table 3 layout
+    python -m experiments.results bench                # results/bench -> docs/results/bench_<bench>.md
 
 ``results/<source>/runs/<run>/`` holds the record of every run behind a table in the docs: the
 runner's ``record.json`` (settings, metrics and the per-epoch history), beside the small files a
@@ -11,7 +12,9 @@ stay in the run folders. A task registers once, in :data:`PUBLISHED`, what it pu
 table or figure and the folder of ``results/`` it is drawn from. The tables are the runner's own
 (:func:`experiments.runner.task_tables`, the ``table.md`` a sweep prints), rows in the task's order
 of panels and variants, so the same records give byte-identical Markdown; ``tests/test_results.py``
-checks that the committed ``docs/results`` are what the committed records give.
+checks that the committed ``docs/results`` are what the committed records give. The benchmarks'
+records (``results/bench``, written by ``python -m experiments.bench ... --record NAME``) give one
+table per bench (:mod:`experiments.bench_records`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import pandas as pd
 
 from analysis.curves import training_curves
 from analysis.plots import paired_runs, reliability_diagram
+from experiments.bench_records import build_bench_tables
 from experiments.collect import task_of
 from experiments.gat.uncertainty import long_format, reliability_curves
 from experiments.records import RunFolder, flatten, read_folders
@@ -33,6 +37,8 @@ from experiments.runner import Task, require_agreement, task_tables
 
 RECORDS = Path("results")
 DOCS = Path("docs/results")
+#: what ``python -m experiments.results`` calls the benchmarks' records and tables
+BENCH = "bench"
 
 #: draws a figure of ``results`` (the runs of ``folder``) to ``path``; returns the files written
 Draw = Callable[[Task, pd.DataFrame, RunFolder, Path], list[Path]]
@@ -135,7 +141,9 @@ def table_markdown(task: Task, spec: Table, results: pd.DataFrame) -> str:
 
 def build(name: str, records: Path = RECORDS, out: Path = DOCS) -> list[Path]:
     """Write every table and figure task ``name`` publishes from the records under ``records``
-    into ``out``; returns the files written."""
+    into ``out`` (``bench``: every bench's table); returns the files written."""
+    if name == BENCH:
+        return build_bench_tables(records / BENCH, out)
     if name not in PUBLISHED:
         raise ValueError(f"task {name!r} publishes no results; known: {sorted(PUBLISHED)}")
     task = task_of(name)
@@ -181,13 +189,13 @@ def source_folder(text: str) -> tuple[str, Path]:
 
 def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
     parser = argparse.ArgumentParser(prog="python -m experiments.results", description=__doc__.split("\n\n")[0])
-    parser.add_argument("task", choices=sorted(PUBLISHED))
+    parser.add_argument("task", choices=sorted([*PUBLISHED, BENCH]))
     parser.add_argument("--records", type=Path, default=RECORDS, help="the committed records (default: results)")
     parser.add_argument("--out", type=Path, default=DOCS, help="where the tables and figures go (default: docs/results)")
     parser.add_argument("--add", type=source_folder, action="append", default=[], metavar="SOURCE=FOLDER",
                         help="first copy the finished runs of output folder FOLDER into <records>/SOURCE")
     args = parser.parse_args(argv)
-    sources = sorted({spec.source for spec in PUBLISHED[args.task]})
+    sources = sorted({spec.source for spec in PUBLISHED.get(args.task, ())})
     try:
         for source, folder in args.add:
             if source not in sources:

@@ -10,7 +10,7 @@ import pytest
 
 from experiments.collect import task_of
 from experiments.records import RunFolder
-from experiments.results import DOCS, PUBLISHED, RECORDS, Table, add_runs, build, load_results, table_markdown
+from experiments.results import BENCH, DOCS, PUBLISHED, RECORDS, Table, add_runs, build, load_results, table_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED_RECORDS, COMMITTED_DOCS = ROOT / RECORDS, ROOT / DOCS
@@ -30,9 +30,19 @@ def test_committed_tables_regenerate_byte_for_byte(task, tmp_path):
         assert (COMMITTED_DOCS / name).is_file(), f"docs/results/{name} is not committed"
 
 
+def test_committed_bench_tables_regenerate_byte_for_byte(tmp_path):
+    """Every bench with records under results/bench has its committed table, and only those."""
+    written = build(BENCH, COMMITTED_RECORDS, tmp_path)
+    assert sorted(path.name for path in written) == sorted(path.name for path in COMMITTED_DOCS.glob("bench_*.md")), (
+        "docs/results/bench_*.md are not the benches of results/bench: run python -m experiments.results bench")
+    for path in written:
+        assert path.read_bytes() == (COMMITTED_DOCS / path.name).read_bytes(), (
+            f"docs/results/{path.name} is not what results/bench gives: run python -m experiments.results bench")
+
+
 def test_every_committed_table_is_published():
     published = {spec.file for specs in PUBLISHED.values() for spec in specs if isinstance(spec, Table)}
-    assert {path.name for path in COMMITTED_DOCS.glob("*.md")} <= published
+    assert {path.name for path in COMMITTED_DOCS.glob("*.md") if not path.name.startswith("bench_")} <= published
 
 
 def edited_copy(tmp_path: Path, run: str, edit) -> Path:
