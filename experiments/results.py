@@ -8,8 +8,9 @@
 ``results/<source>/runs/<run>/`` holds the record of every run behind a table in the docs: the
 runner's ``record.json`` (settings, metrics and the per-epoch history), beside the small files a
 figure reads (``*.npz``). Checkpoints and other artifacts
-stay in the run folders. A task registers once, in :data:`PUBLISHED`, what it publishes: each
-table or figure and the folder of ``results/`` it is drawn from. The tables are the runner's own
+stay in the run folders. A task declares what it publishes in its folder's ``published.py``
+(:mod:`experiments.runner.publishing`): each table or figure and the folder of ``results/`` it is
+drawn from; :data:`PUBLISHED` gathers them. The tables are the runner's own
 (:func:`experiments.runner.task_tables`, the ``table.md`` a sweep prints), rows in the task's order
 of panels and variants, so the same records give byte-identical Markdown; ``tests/test_results.py``
 checks that the committed ``docs/results`` are what the committed records give. The benchmarks'
@@ -21,88 +22,25 @@ from __future__ import annotations
 
 import argparse
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import pandas as pd
 
-from analysis.curves import training_curves
-from analysis.plots import paired_runs, reliability_diagram
+from experiments import catalog
 from experiments.bench_records import build_bench_tables
-from experiments.collect import task_of
-from experiments.gat.uncertainty import long_format, reliability_curves
 from experiments.records import RunFolder, flatten, read_folders
 from experiments.runner import Task, require_agreement, task_tables
+from experiments.runner.publishing import Figure, Table
 
 RECORDS = Path("results")
 DOCS = Path("docs/results")
 #: what ``python -m experiments.results`` calls the benchmarks' records and tables
 BENCH = "bench"
 
-#: draws a figure of ``results`` (the runs of ``folder``) to ``path``; returns the files written
-Draw = Callable[[Task, pd.DataFrame, RunFolder, Path], list[Path]]
-
-
-@dataclass(frozen=True)
-class Table:
-    """``<out>/<file>``: the task's table ``name`` of the runs in ``results/<source>``, with only
-    ``columns`` (all of them if None)."""
-
-    file: str
-    source: str
-    name: str
-    columns: Optional[tuple[str, ...]] = None
-
-
-@dataclass(frozen=True)
-class Figure:
-    """``<out>/<file>`` (or one file per panel, named from it): drawn by ``draw`` from the runs in
-    ``results/<source>``."""
-
-    file: str
-    source: str
-    draw: Draw
-
-
-def paired_figure(task: Task, results: pd.DataFrame, folder: RunFolder, path: Path) -> list[Path]:
-    """Every seed's first metric per variant, joined by seed (the runner's ``paired.png``)."""
-    metrics = {p: task.metrics_of(p)[0] for p in results[task.panel].unique() if task.metrics_of(p)}
-    return [paired_runs(results, task.panel, metrics, path)]
-
-
-def reliability_figures(task: Task, results: pd.DataFrame, folder: RunFolder, path: Path) -> list[Path]:
-    """A reliability diagram of the graph runs' test nodes per data set: ``<stem>_<dataset>.png``."""
-    written = []
-    for dataset, runs in long_format(results).groupby("dataset", sort=False):
-        curves = reliability_curves(runs, folder)
-        if curves:
-            target = path.with_name(f"{path.stem}_{dataset}{path.suffix}")
-            written.append(reliability_diagram(curves, target, title=f"{dataset} test nodes"))
-    return written
-
-
-def curves_figure(task: Task, results: pd.DataFrame, folder: RunFolder, path: Path) -> list[Path]:
-    """The validation curves of every run, a dot at its kept epoch (``python -m experiments.curves``)."""
-    return [training_curves([r for r in folder.records() if r.get("training")], path)]
-
-
-#: per task (``experiments.<task>``), what it publishes to the docs
+#: per task, what it publishes to the docs (its folder's ``published.py``)
 PUBLISHED: dict[str, tuple[Union[Table, Figure], ...]] = {
-    "gat": (
-        Table("gat_accuracy.md", "gat", "accuracy"),
-        Table("gat_uncertainty.md", "graph", "uncertainty",
-              ("dataset", "variant", "mode", "seeds", "test_acc", "sample_acc", "nll", "ece", "pavpu@0.05")),
-        Figure("gat_paired.png", "gat", paired_figure),
-        Figure("gat_curves.png", "gat", curves_figure),
-        Figure("gat_reliability.png", "graph", reliability_figures),
-    ),
-    "captioning": (  # the tables of experiments.captioning.tables
-        Table("captioning_table3.md", "captioning", "table3"),
-        Table("captioning_paired.md", "captioning", "table3-paired"),
-        Figure("captioning_paired.png", "captioning", paired_figure),
-    ),
-}
+    folder.name: catalog.published(folder.name) for folder in catalog.task_folders() if folder.publishes}
 
 
 def in_task_order(table: pd.DataFrame, task: Task) -> pd.DataFrame:
@@ -146,7 +84,7 @@ def build(name: str, records: Path = RECORDS, out: Path = DOCS) -> list[Path]:
         return build_bench_tables(records / BENCH, out)
     if name not in PUBLISHED:
         raise ValueError(f"task {name!r} publishes no results; known: {sorted(PUBLISHED)}")
-    task = task_of(name)
+    task = catalog.load_task(name)
     out.mkdir(parents=True, exist_ok=True)
     results = {source: load_results(task, records / source) for source in sorted({s.source for s in PUBLISHED[name]})}
     written = []

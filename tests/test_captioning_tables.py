@@ -118,7 +118,7 @@ def test_without_soft_runs_the_paired_table_is_empty(tmp_path):
 
 def test_published_markdown_of_the_results_command(tmp_path, monkeypatch):
     write_runs(tmp_path / "records" / "captioning")
-    monkeypatch.setattr(published, "task_of", lambda name: TASK)
+    monkeypatch.setattr(published.catalog, "load_task", lambda name: TASK)
     written = published.build("captioning", tmp_path / "records", tmp_path / "docs")
     assert sorted(p.name for p in written) == ["captioning_paired.md", "captioning_paired.png", "captioning_table3.md"]
     text = (tmp_path / "docs" / "captioning_table3.md").read_text()

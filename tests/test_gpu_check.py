@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments import bench, gpu_check
+from experiments import catalog, gpu_check
 
 
 def planned(tmp_path) -> list[gpu_check.Part]:
@@ -21,7 +21,8 @@ def test_plan_fits_in_eight_minutes_and_covers_every_bench(tmp_path):
     parts = planned(tmp_path)
     assert sum(part.budget_s for part in parts) <= gpu_check.TOTAL_BUDGET_S == 480
     names = [part.name for part in parts]
-    assert {f"bench-{name}" for name in bench.BENCHMARKS} <= set(names)
+    assert {f"bench-{name}" for name in catalog.benchmarks()} <= set(names)
+    assert {f"train-{run.name}" for folder in catalog.task_folders() for run in folder.check_runs} <= set(names)
     assert {"install-wheels", "environment", "cuda-tests"} <= set(names) and names[0] == "install-wheels"
     for part in parts:
         if part.name.startswith("bench-"):

@@ -1,7 +1,8 @@
 """bam-pyro without its extras, as a user who ran ``pip install bam-pyro`` gets it.
 
-Each check runs in a fresh interpreter where the optional packages cannot be imported: a finder at
-the front of ``sys.meta_path`` refuses them as if they were not installed. ``import bam_pyro`` and a
+Each check runs in a fresh interpreter where the optional packages (the keys of
+``bam_pyro.optional.EXTRAS``) cannot be imported: a finder at the front of ``sys.meta_path``
+refuses them as if they were not installed. ``import bam_pyro`` and a
 dense training step must work there; each integration must refuse in one line that names the
 missing package and the extra that installs it."""
 
@@ -15,18 +16,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-#: the packages that only the extras bring, each with the extra that brings it
-OPTIONAL = {
-    "torch_geometric": "pyg",
-    "transformers": "transformers",
-    "arviz": "diagnostics",
-    "xarray": "diagnostics",
-    "pandas": "diagnostics",
-    "scipy": "diagnostics",
-    "matplotlib": "diagnostics",
-}
+from bam_pyro.optional import EXTRAS
 
+ROOT = Path(__file__).resolve().parents[1]
 BLOCKER = textwrap.dedent(
     f"""
     import sys
@@ -36,14 +28,14 @@ BLOCKER = textwrap.dedent(
             self.inner = inner
 
         def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in {sorted(OPTIONAL)!r}:
+            if name.split(".")[0] in {sorted(EXTRAS)!r}:
                 return None
             return self.inner.find_spec(name, path, target)
 
         def find_distributions(self, *args, **kwargs):  # importlib.metadata: not installed either
             find = getattr(self.inner, "find_distributions", None)
             dists = find(*args, **kwargs) if find else ()
-            return (d for d in dists if (d.metadata["Name"] or "").lower().replace("-", "_") not in {sorted(OPTIONAL)!r})
+            return (d for d in dists if (d.metadata["Name"] or "").lower().replace("-", "_") not in {sorted(EXTRAS)!r})
 
         def invalidate_caches(self):
             getattr(self.inner, "invalidate_caches", lambda: None)()
@@ -100,7 +92,7 @@ def run_python(code: str, blocked: bool = True) -> subprocess.CompletedProcess:
 def test_the_blocker_hides_the_optional_packages():
     checks = "".join(
         f"\ntry:\n    import {name}\n    print('IMPORTED', {name!r})\nexcept ModuleNotFoundError:\n    pass\n"
-        for name in OPTIONAL
+        for name in EXTRAS
     )
     result = run_python(checks)
     assert result.returncode == 0, result.stderr
@@ -175,7 +167,7 @@ def test_metrics_work_without_scipy_except_pavpu():
 
 
 def test_import_bam_pyro_loads_no_optional_package():
-    code = "import sys, bam_pyro\nprint(sorted({m.split('.')[0] for m in sys.modules} & set(%r)))" % sorted(OPTIONAL)
+    code = "import sys, bam_pyro\nprint(sorted({m.split('.')[0] for m in sys.modules} & set(%r)))" % sorted(EXTRAS)
     result = run_python(code, blocked=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", f"import bam_pyro loaded {result.stdout.strip()}"

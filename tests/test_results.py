@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.collect import task_of
+from experiments.catalog import load_task
 from experiments.records import RunFolder
 from experiments.results import BENCH, DOCS, PUBLISHED, RECORDS, Table, add_runs, build, load_results, table_markdown
 
@@ -57,7 +57,7 @@ def edited_copy(tmp_path: Path, run: str, edit) -> Path:
 
 
 def test_a_changed_record_changes_its_table(tmp_path):
-    task = task_of("gat")
+    task = load_task("gat")
     committed = load_results(task, COMMITTED_RECORDS / "gat")
     runs = committed[(committed["dataset"] == "cora") & (committed["variant"] == "wc")]
     folder = edited_copy(tmp_path, "cora-wc-seed0", lambda r: r["metrics"].update(test_acc=r["metrics"]["test_acc"] + 10))
@@ -70,7 +70,7 @@ def test_a_changed_record_changes_its_table(tmp_path):
 def test_runs_of_other_settings_are_refused(tmp_path):
     folder = edited_copy(tmp_path, "cora-wc-seed0", lambda r: r["settings"].update(lr=0.01))
     with pytest.raises(ValueError, match="lr"):
-        load_results(task_of("gat"), folder)
+        load_results(load_task("gat"), folder)
 
 
 def test_added_runs_keep_records_with_history_and_probabilities_not_checkpoints(tmp_path):

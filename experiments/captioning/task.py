@@ -27,12 +27,10 @@ soft attention with the learned weights.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -45,8 +43,8 @@ from experiments.captioning.scores import score_captions
 from experiments.captioning.tables import tables
 from experiments.captioning.captions import (BOS, EOS, CaptionData, CaptionSplit, build_caption_data, read_flickr_subset,
                                   read_karpathy, split_by_image, subset_folder)
-from experiments.nmt.task import Trainable, count_parameters
 from experiments.runner import RunContext, RunSettings, Task, model_device, positive, require, run_cli
+from experiments.runner.fitting import Trainable, fit_epochs
 from models.captioning import Att2inSizes, CaptionNetwork, build_captioner
 from models.decoding import beam_search, greedy
 
@@ -173,23 +171,13 @@ def train_run(settings: CaptioningSettings, data: CaptionData, run: RunContext) 
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr, fused=True)  # fused: one kernel for all
     trainer = run.trainer(model, trainable.guide, optimizer, elbo=trainable.elbo,
                           grad_clip=settings.grad_clip, checkpoint_every=1)
-    steps_per_epoch = run.steps_per_process(-(-len(data.train) // settings.batch_size))
-
-    def batches():
-        rng = np.random.default_rng([settings.seed, trainer.epoch])
-        return (batch.model_args for batch in data.train.training_batches(settings.batch_size, rng))
 
     def evaluate() -> dict[str, float]:
-        start = time.perf_counter()
         scores, _ = split_scores(model, data, data.val, settings, meteor=False)
-        return {"val_cider": scores["cider"], "val_bleu4": scores["bleu4"], "eval_seconds": time.perf_counter() - start}
+        return {"val_cider": scores["cider"], "val_bleu4": scores["bleu4"]}
 
-    result = trainer.fit(batches, evaluate, settings.max_epochs, EarlyStopping({"val_cider": "max"}, settings.patience),
-                         progress=run.progress, description=run.description, steps_per_epoch=steps_per_epoch)
-    training_seconds = result.seconds - sum(record["eval_seconds"] for record in result.history)
-    model.eval()
-    metrics: dict[str, float] = {"seconds_per_step": training_seconds / (result.epochs * steps_per_epoch),
-                                 "parameters": count_parameters(model)}
+    metrics = fit_epochs(trainer, run, data.train, settings.batch_size, -(-len(data.train) // settings.batch_size),
+                         evaluate, settings.max_epochs, EarlyStopping({"val_cider": "max"}, settings.patience))
     for name, split in (("val", data.val), ("test", data.test)):
         scores, captions = split_scores(model, data, split, settings, meteor=None)
         metrics.update({f"{name}_{score}": value for score, value in scores.items()})

@@ -2,4 +2,5 @@
 
 from experiments.glue.task import main
 
-main()
+if __name__ == "__main__":  # not when a spawned process imports this as __mp_main__
+    main()

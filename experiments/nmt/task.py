@@ -40,22 +40,20 @@ negligible pull at this rate.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, NamedTuple, Optional
+from typing import Any, Callable, Literal, Optional
 
-import numpy as np
 import pandas as pd
 import sacrebleu
 import torch
-from pyro.infer import ELBO
 
 from bam_pyro import AttentionGuide, BamModel
 from bam_pyro.training import EarlyStopping, seed_everything
 from experiments.nmt.multi30k import BOS, EOS, HUB_DATASET, BpeSettings, EncodedSplit, Multi30k, load_multi30k
 from experiments.nmt.attention import attention_uncertainty
 from experiments.runner import RunContext, RunSettings, Task, model_device, positive, require, run_cli
+from experiments.runner.fitting import Trainable, fit_epochs
 from models.decoding import beam_search
 from guides.alignment import InferenceNetwork
 from bam_pyro.alignment import ALIGNMENT_VARIANTS, AlignmentConfig, LatentAlignmentModel, elbo_for, guide_for
@@ -181,18 +179,10 @@ def load_data(settings: NmtSettings, data_root: Optional[str]) -> Multi30k:
 # --- models --------------------------------------------------------------------------------------
 
 
-class Trainable(NamedTuple):
-    """A variant's Pyro model and guide and the ELBO it trains with (None: the library's default,
-    analytic KL at attention sites). The model also has ``log_probs`` and ``next_token_log_probs``
-    (see :mod:`models.nmt`), which scoring and decoding read."""
-
-    model: BamModel
-    guide: Callable
-    elbo: Optional[ELBO] = None
-
-
 def build_bam(settings: NmtSettings, vocab_size: int, warm_steps: int = 0) -> Trainable:
-    """Soft attention or a BAM variant: the guide is the attention sites' own q."""
+    """Soft attention or a BAM variant: the guide is the attention sites' own q. The model of every
+    variant also has ``log_probs`` and ``next_token_log_probs`` (see :mod:`models.nmt`), which
+    scoring and decoding read."""
     model = build_translator(vocab_size, PRESETS[settings.preset], settings.attention, settings.objective)
     return Trainable(model, AttentionGuide(model.model))
 
@@ -276,10 +266,6 @@ def make_optimizer(settings: NmtSettings, model: torch.nn.Module) -> torch.optim
     return torch.optim.Adam(model.parameters(), lr=settings.learning_rate, fused=True)
 
 
-def count_parameters(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 # --- one run -------------------------------------------------------------------------------------
 
 
@@ -301,21 +287,11 @@ def train_run(settings: NmtSettings, data: Multi30k, run: RunContext) -> dict[st
     model = trainable.model
     trainer = run.trainer(model, trainable.guide, make_optimizer(settings, model), elbo=trainable.elbo, grad_clip=settings.grad_clip)
 
-    def batches():
-        rng = np.random.default_rng([settings.seed, trainer.epoch])
-        return (batch.model_args for batch in data.train.training_batches(settings.batch_size, rng))
-
     def evaluate() -> dict[str, float]:
-        start = time.perf_counter()
-        score = perplexity(model, data.val, settings.eval_batch_size)
-        return {"val_ppl": score, "eval_seconds": time.perf_counter() - start}
+        return {"val_ppl": perplexity(model, data.val, settings.eval_batch_size)}
 
-    result = trainer.fit(batches, evaluate, settings.max_epochs, early_stopping(settings),
-                         progress=run.progress, description=run.description, steps_per_epoch=steps_per_epoch)
-    training_seconds = result.seconds - sum(record["eval_seconds"] for record in result.history)
-    model.eval()
-    scores = {"seconds_per_step": training_seconds / (result.epochs * run.steps_per_process(steps_per_epoch)),
-              "parameters": count_parameters(model)}
+    scores = fit_epochs(trainer, run, data.train, settings.batch_size, steps_per_epoch, evaluate, settings.max_epochs,
+                        early_stopping(settings))
     for name, split in (("val", data.val), ("test", data.test)):
         scores[f"{name}_ppl"] = perplexity(model, split, settings.eval_batch_size)
         hypotheses = translate(model, data, split, settings.beam_size, settings.length_penalty, settings.eval_batch_size)
