@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from experiments import bench, results
-from experiments.bench_records import bench_table, read_bench_records
+from experiments import bench, catalog, results
+from experiments.bench_records import COLUMNS, bench_table, read_bench_records
 from experiments.records import versions
 
 
@@ -71,3 +71,7 @@ def test_a_damaged_record_is_named(tmp_path):
     (folder / "cut.json").write_text(json.dumps(bert_record(bench="vqa")))
     with pytest.raises(ValueError, match="cut.json: not a record of bench 'bert'"):
         results.build("bench", tmp_path, tmp_path / "docs")
+
+
+def test_every_bench_has_a_table():
+    assert set(COLUMNS) == set(catalog.benchmarks())
