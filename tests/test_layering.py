@@ -184,7 +184,7 @@ def test_only_the_listed_modules_import_by_a_computed_name():
 
 def test_no_task_imports_another_and_only_the_catalog_finds_them():
     tasks = task_folders()
-    assert tasks == {"captioning", "gat", "glue", "nmt", "vqa"}
+    assert tasks >= {"captioning", "gat", "glue", "nmt", "vqa"}  # a new task adds itself
     assert cross_task_imports(import_graph(), tasks) == []
 
 

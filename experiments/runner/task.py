@@ -136,7 +136,7 @@ Metrics = Union[Sequence[str], Callable[[str], Sequence[str]]]
 
 @dataclass(frozen=True)
 class Task:
-    """A task script, declared: see the module docstring.
+    """A task script, declared: see :mod:`experiments.runner`.
 
     ``train(settings, data, run)`` trains one run and returns its metrics (numbers by name);
     ``load(settings, data_root)`` reads the data of one panel (called once per panel value, with
