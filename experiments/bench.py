@@ -17,6 +17,7 @@ from pathlib import Path
 
 from experiments import catalog
 from experiments.bench_records import BENCH_RECORDS, new_bench_record, record_name, write_bench_record
+from experiments.records import require_writable_folder
 
 
 def usage(benchmarks: dict[str, tuple[catalog.TaskFolder, catalog.Benchmark]]) -> str:
@@ -55,6 +56,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         recording.print_help()
         print()
     options, bench_argv = recording.parse_known_args(rest)
+    if options.record is not None:
+        try:  # before the bench runs: a measurement of minutes is not to be lost at the end
+            require_writable_folder(options.records / bench, "--records")
+        except ValueError as error:
+            recording.exit(2, f"python -m experiments.bench {bench}: error: {error}\n")
     load_before = os.getloadavg()
     printed = catalog.benchmark_main(bench)(bench_argv)
     rows = printed if isinstance(printed, list) else [printed]

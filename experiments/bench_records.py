@@ -44,6 +44,8 @@ COLUMNS: dict[str, tuple[str, ...]] = {
             "soft_epoch_minutes", "bam_epoch_minutes"),
     "captioning": ("batch", "steps", "soft_ms", "bam_ms", "soft_peak_mb", "bam_peak_mb", "time_ratio", "mem_ratio"),
 }
+#: what every record holds
+RECORD_ENTRIES = ("bench", "command", "options", "machine", "threads", "load_average", "versions", "finished", "rows")
 #: what a printed figure may come with, shown beside it
 SPREADS = ("_iqr", "_range")
 
@@ -109,6 +111,9 @@ def read_bench_records(folder: Path) -> dict[str, dict[str, Any]]:
             raise ValueError(f"{path}: not JSON ({error}); re-run the command that wrote it") from None
         if not isinstance(record, dict) or record.get("bench") != folder.name or not record.get("rows"):
             raise ValueError(f"{path}: not a record of bench {folder.name!r} with printed figures")
+        missing = [entry for entry in RECORD_ENTRIES if entry not in record]
+        if missing:
+            raise ValueError(f"{path}: a record of bench {folder.name!r} without {', '.join(missing)}")
         records[path.stem] = record
     return records
 

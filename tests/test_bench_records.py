@@ -71,6 +71,16 @@ def test_a_damaged_record_is_named(tmp_path):
     (folder / "cut.json").write_text(json.dumps(bert_record(bench="vqa")))
     with pytest.raises(ValueError, match="cut.json: not a record of bench 'bert'"):
         results.build("bench", tmp_path, tmp_path / "docs")
+    (folder / "cut.json").write_text(json.dumps({k: v for k, v in bert_record().items() if k != "machine"}))
+    with pytest.raises(ValueError, match="cut.json: a record of bench 'bert' without machine"):
+        read_bench_records(folder)
+
+
+def test_a_records_folder_that_cannot_be_written_is_refused_before_the_bench_runs(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["predictive", "--record", "x", "--records", str(tmp_path / "file")])
+    assert stop.value.code == 2 and "--records" in capsys.readouterr().err
 
 
 def test_every_bench_has_a_table():
