@@ -28,7 +28,8 @@ BENCH_RECORDS = Path("results/bench")
 #: a record's name: the stem of its file, which the docs cite
 RECORD_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 #: per bench, the figures its table shows, in order (a figure no record holds gets no column;
-#: ``<figure>_iqr`` or ``<figure>_range``, when printed, is shown beside it in brackets)
+#: ``<figure>_iqr`` or ``<figure>_range``, when printed, is shown beside it in brackets); a bench
+#: not listed shows every figure it printed
 COLUMNS: dict[str, tuple[str, ...]] = {
     "gat": ("graph", "steps", "gatconv_ms", "soft_ms", "bam_ms", "gatconv_peak_mb", "soft_peak_mb", "bam_peak_mb",
             "time_ratio", "mem_ratio", "soft_compiled_ms", "bam_compiled_ms", "soft_compiled_over_eager",
@@ -78,6 +79,8 @@ def new_bench_record(bench: str, argv: Sequence[str], options: Sequence[str], ro
     """The record of ``python -m experiments.bench <bench> <argv>``, which printed ``rows``;
     ``options``: the bench's own options among ``argv`` (without the recording ones).
     Raises ``ValueError`` if the rows do not say one thread count."""
+    if not rows or not all(isinstance(row, Mapping) for row in rows):
+        raise ValueError(f"bench {bench} returned no figures (its main(argv) must return what it printed): nothing recorded")
     threads = {row.get("threads") for row in rows}
     if len(threads) != 1 or None in threads:
         raise ValueError(f"bench {bench} printed no single thread count ({sorted(map(str, threads))}): nothing recorded")
@@ -137,12 +140,11 @@ def _figure(row: Mapping[str, Any], column: str) -> str:
 
 def bench_table(bench: str, records: Mapping[str, Mapping[str, Any]]) -> str:
     """The Markdown table of ``records`` (by name) of one bench, with a comment naming its command."""
-    if bench not in COLUMNS:
-        raise ValueError(f"no table for bench {bench!r}; known: {sorted(COLUMNS)}")
     if not records:
         raise ValueError(f"no records of bench {bench!r}")
     rows = [(name, record, row) for name, record in records.items() for row in record["rows"]]
-    columns = [c for c in COLUMNS[bench] if any(row.get(c) is not None for _, _, row in rows)]
+    printed = list(dict.fromkeys(key for _, _, row in rows for key in row if key != "threads"))
+    columns = [c for c in COLUMNS.get(bench, printed) if any(row.get(c) is not None for _, _, row in rows)]
     header = ["record", "options", *columns, "threads", "machine", "load before", "date"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, record, row in rows:

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from experiments import bench, catalog, results
-from experiments.bench_records import COLUMNS, bench_table, read_bench_records
+from experiments.bench_records import COLUMNS, bench_table, new_bench_record, read_bench_records
 from experiments.records import versions
 
 
@@ -83,5 +83,14 @@ def test_a_records_folder_that_cannot_be_written_is_refused_before_the_bench_run
     assert stop.value.code == 2 and "--records" in capsys.readouterr().err
 
 
-def test_every_bench_has_a_table():
-    assert set(COLUMNS) == set(catalog.benchmarks())
+def test_the_declared_columns_are_those_of_benches():
+    assert set(COLUMNS) <= set(catalog.benchmarks())
+
+
+def test_a_bench_without_declared_columns_shows_every_figure_it_printed():
+    rows = [{"threads": 2, "toy_ms": 1.5}, {"threads": 2, "toy_ms": 1.7, "toy_peak_mb": 3.0}]
+    lines = bench_table("toy", {"run": bert_record(bench="toy", rows=rows, threads=2)}).splitlines()
+    assert lines[2].startswith("| record | options | toy_ms | toy_peak_mb | threads |")
+    assert lines[5].startswith("| `run` | `--shapes 16x128 4x512` | 1.7 | 3.0 | 2 |")
+    with pytest.raises(ValueError, match="returned no figures"):
+        new_bench_record("toy", [], [], [None], (0.0, 0.0, 0.0))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import shlex
 import shutil
 from pathlib import Path
@@ -140,3 +141,10 @@ def test_the_pages_commands_train_the_committed_runs(page):
         assert sorted(planned) == sorted(committed), f"{page}: the commands into {folder} train other runs"
         for run, settings in committed.items():
             assert {name: planned[run].get(name) for name in settings} == settings, f"{page}: {run} in {folder}"
+
+
+def test_every_committed_table_is_shown_on_a_page():
+    """A table built from records (a task's or a bench's) is included by some page of the docs."""
+    included = {match for page in (ROOT / "docs").rglob("*.md")
+                for match in re.findall(r'^--8<-- "docs/results/([^"]+)"', page.read_text(encoding="utf-8"), flags=re.M)}
+    assert {path.name for path in COMMITTED_DOCS.glob("*.md")} - included == set()
