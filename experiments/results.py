@@ -3,6 +3,7 @@
     python -m experiments.results gat                  # results/gat, results/graph -> docs/results
     python -m experiments.results gat --add gat=runs/gat --add graph=runs/graph   # take new runs first
     python -m experiments.results captioning --add captioning=runs/captioning      # Table 3 layout
+    python -m experiments.results bench                # results/bench -> docs/results/bench_<bench>.md
 
 ``results/<source>/runs/<run>/`` holds the record of every run behind a table in the docs: the
 runner's ``record.json`` (settings, metrics and the per-epoch history), beside the small files a
@@ -14,7 +15,8 @@ drawn from; :data:`PUBLISHED` gathers them. The tables are the runner's own
 of panels and variants, so the same records give byte-identical Markdown; ``tests/test_results.py``
 checks that the committed ``docs/results`` are what the committed records give. Every output is
 drawn into a scratch folder first and replaces the docs' only once all of them are: a damaged
-record or ``.npz`` (one line naming it, status 2) leaves the docs as they were.
+record or ``.npz`` (one line naming it, status 2) leaves the docs as they were. The benchmarks' records (``results/bench``, written by
+``python -m experiments.bench ... --record NAME``) give one table per bench (:mod:`experiments.bench_records`).
 """
 
 from __future__ import annotations
@@ -30,12 +32,15 @@ import pandas as pd
 
 from bam_pyro.training import WriteFailed
 from experiments import catalog
+from experiments.bench_records import build_bench_tables
 from experiments.records import RunFolder, flatten, read_folders
 from experiments.runner import Task, require_agreement, task_tables
 from experiments.runner.publishing import Figure, Table
 
 RECORDS = Path("results")
 DOCS = Path("docs/results")
+#: what ``python -m experiments.results`` calls the benchmarks' records and tables
+BENCH = "bench"
 
 #: per task, what it publishes to the docs (its folder's ``published.py``)
 PUBLISHED: dict[str, tuple[Union[Table, Figure], ...]] = {
@@ -77,7 +82,9 @@ def table_markdown(task: Task, spec: Table, results: pd.DataFrame) -> str:
 
 def build(name: str, records: Path = RECORDS, out: Path = DOCS) -> list[Path]:
     """Write every table and figure task ``name`` publishes from the records under ``records``
-    into ``out``; returns the files written."""
+    into ``out`` (``bench``: every bench's table); returns the files written."""
+    if name == BENCH:
+        return build_bench_tables(records / BENCH, out)
     if name not in PUBLISHED:
         raise ValueError(f"task {name!r} publishes no results; known: {sorted(PUBLISHED)}")
     task = catalog.load_task(name)
@@ -132,13 +139,13 @@ def source_folder(text: str) -> tuple[str, Path]:
 
 def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
     parser = argparse.ArgumentParser(prog="python -m experiments.results", description=__doc__.split("\n\n")[0])
-    parser.add_argument("task", choices=sorted(PUBLISHED))
+    parser.add_argument("task", choices=sorted([*PUBLISHED, BENCH]))
     parser.add_argument("--records", type=Path, default=RECORDS, help="the committed records (default: results)")
     parser.add_argument("--out", type=Path, default=DOCS, help="where the tables and figures go (default: docs/results)")
     parser.add_argument("--add", type=source_folder, action="append", default=[], metavar="SOURCE=FOLDER",
                         help="first copy the finished runs of output folder FOLDER into <records>/SOURCE")
     args = parser.parse_args(argv)
-    sources = sorted({spec.source for spec in PUBLISHED[args.task]})
+    sources = sorted({spec.source for spec in PUBLISHED.get(args.task, ())})
     try:
         for source, folder in args.add:
             if source not in sources:

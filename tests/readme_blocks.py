@@ -5,12 +5,18 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-_BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", flags=re.S | re.M)
+_FENCE = re.compile(r"^```([^`\n]*)\n(.*?)^```[ \t]*$", flags=re.S | re.M)
+
+
+def fenced_blocks(path: str | Path) -> list[tuple[str, str]]:
+    """``(language, code)`` of every fenced block of the Markdown file at ``path``, in order
+    (the language is what follows the opening fence, ``""`` if nothing does)."""
+    return [(language.strip(), code) for language, code in _FENCE.findall(Path(path).read_text(encoding="utf-8"))]
 
 
 def python_blocks(path: str | Path) -> list[str]:
     """The code of every fenced ```python block of the Markdown file at ``path``, in order."""
-    return _BLOCK.findall(Path(path).read_text(encoding="utf-8"))
+    return [code for language, code in fenced_blocks(path) if language == "python"]
 
 
 ROOT = Path(__file__).resolve().parents[1]

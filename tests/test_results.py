@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -10,7 +13,10 @@ import pytest
 
 from experiments.catalog import load_task
 from experiments.records import RunFolder
-from experiments.results import DOCS, PUBLISHED, RECORDS, Table, add_runs, build, load_results, table_markdown
+from experiments.results import (BENCH, DOCS, PUBLISHED, RECORDS, Table, add_runs, build, load_results, source_folder,
+                                 table_markdown)
+from experiments.runner import build_parser
+from tests.readme_blocks import fenced_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED_RECORDS, COMMITTED_DOCS = ROOT / RECORDS, ROOT / DOCS
@@ -30,9 +36,19 @@ def test_committed_tables_regenerate_byte_for_byte(task, tmp_path):
         assert (COMMITTED_DOCS / name).is_file(), f"docs/results/{name} is not committed"
 
 
+def test_committed_bench_tables_regenerate_byte_for_byte(tmp_path):
+    """Every bench with records under results/bench has its committed table, and only those."""
+    written = build(BENCH, COMMITTED_RECORDS, tmp_path)
+    assert sorted(path.name for path in written) == sorted(path.name for path in COMMITTED_DOCS.glob("bench_*.md")), (
+        "docs/results/bench_*.md are not the benches of results/bench: run python -m experiments.results bench")
+    for path in written:
+        assert path.read_bytes() == (COMMITTED_DOCS / path.name).read_bytes(), (
+            f"docs/results/{path.name} is not what results/bench gives: run python -m experiments.results bench")
+
+
 def test_every_committed_table_is_published():
     published = {spec.file for specs in PUBLISHED.values() for spec in specs if isinstance(spec, Table)}
-    assert {path.name for path in COMMITTED_DOCS.glob("*.md")} <= published
+    assert {path.name for path in COMMITTED_DOCS.glob("*.md") if not path.name.startswith("bench_")} <= published
 
 
 def edited_copy(tmp_path: Path, run: str, edit) -> Path:
@@ -81,3 +97,54 @@ def test_added_runs_keep_records_with_history_and_probabilities_not_checkpoints(
     assert sorted(p.name for p in added.iterdir()) == sorted(["record.json", *(p.name for p in source.glob("*.npz"))])
     with pytest.raises(ValueError, match="not 'vqa'"):
         add_runs("vqa", sweep.out, tmp_path / "other")
+
+
+def documented_commands(page: Path) -> list[list[str]]:
+    """The ``python -m experiments.<module> ...`` lines of the page's code blocks, as argument lists
+    (from the module on; a comment cut off)."""
+    commands = []
+    for _, code in fenced_blocks(page):
+        for line in code.splitlines():
+            words = shlex.split(line, comments=True)
+            if words[:2] == ["python", "-m"] and len(words) > 2 and words[2].startswith("experiments."):
+                commands.append(words[2:])
+    return commands
+
+
+def planned_runs(task_name: str, commands: list[list[str]], folder: str) -> dict[str, dict]:
+    """The settings of every run the page's commands of ``task_name`` train into ``folder``, by run name."""
+    task, planned = load_task(task_name), {}
+    for module, *argv in commands:
+        if module != f"experiments.{task_name}":
+            continue
+        parser, names = build_parser(task)
+        args = parser.parse_args(argv)
+        if args.out == folder:
+            for panel, seed, variant in itertools.product(args.panels, args.seeds, args.variant):
+                settings = task.settings_for(panel, variant, seed, {name: getattr(args, name) for name in names})
+                planned[task.run_name(settings)] = json.loads(json.dumps(settings.row()))
+    return planned
+
+
+@pytest.mark.parametrize("page", ["docs/tasks/gat.md", "docs/tasks/captioning.md", "docs/reproducing.md"])
+def test_the_pages_commands_train_the_committed_runs(page):
+    """The sweeps a page shows before ``python -m experiments.results TASK --add SOURCE=FOLDER`` train
+    exactly the runs committed in results/SOURCE, with their settings (those a record holds: a
+    setting added since, such as GAT's ``seed_nodes``, was not one then)."""
+    commands = documented_commands(ROOT / page)
+    additions = [(argv[1], *source_folder(argv[i + 1])) for argv in commands if argv[0] == "experiments.results"
+                 for i, word in enumerate(argv) if word == "--add"]
+    assert additions, f"{page} shows no python -m experiments.results TASK --add SOURCE=FOLDER"
+    for task_name, source, folder in additions:
+        committed = {record["run"]: record["settings"] for record in RunFolder(COMMITTED_RECORDS / source).records()}
+        planned = planned_runs(task_name, commands, str(folder))
+        assert sorted(planned) == sorted(committed), f"{page}: the commands into {folder} train other runs"
+        for run, settings in committed.items():
+            assert {name: planned[run].get(name) for name in settings} == settings, f"{page}: {run} in {folder}"
+
+
+def test_every_committed_table_is_shown_on_a_page():
+    """A table built from records (a task's or a bench's) is included by some page of the docs."""
+    included = {match for page in (ROOT / "docs").rglob("*.md")
+                for match in re.findall(r'^--8<-- "docs/results/([^"]+)"', page.read_text(encoding="utf-8"), flags=re.M)}
+    assert {path.name for path in COMMITTED_DOCS.glob("*.md")} - included == set()

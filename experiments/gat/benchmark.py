@@ -42,7 +42,7 @@ import argparse
 import json
 import statistics
 import time
-from typing import Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -180,7 +180,7 @@ def measure_memory(name: str, size: GraphSize, threads: int, dropout_per_head: b
     return step_peak_mb(step, device)
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="python -m experiments.bench gat", description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=whole_number(1), default=None)
     p.add_argument("--edges", type=whole_number(1), default=None)
@@ -200,8 +200,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     steps = args.steps or (100 if args.nodes is None else 5)
     size = GraphSize(args.nodes, args.edges, args.features, args.data_root)
     if args.compile:
-        print(json.dumps(compiled_result(args.models, size, steps, args.threads, args.dropout_per_head, args.device)))
-        return
+        result = compiled_result(args.models, size, steps, args.threads, args.dropout_per_head, args.device)
+        print(json.dumps(result))
+        return result
     timed = in_fresh_process(measure_time, (args.models, size, steps, args.threads, args.dropout_per_head, False, args.device))
     result = {"graph": timed["graph"], "threads": args.threads, "steps": steps, "device": args.device,
               "dropout_per_head": args.dropout_per_head}
@@ -218,6 +219,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     if "gatconv" in ms and "soft" in ms:
         result["soft_time_ratio"] = round(ms["soft"] / ms["gatconv"], 3)
     print(json.dumps(result))
+    return result
 
 
 def compiled_result(models: list[str], size: GraphSize, steps: int, threads: int, dropout_per_head: bool,
