@@ -16,7 +16,7 @@ import pyro.distributions as dist
 from bam_pyro import BamConfig, BamModel, ObjectiveConfig
 from bam_pyro.distributions import MeanWeibull
 from bam_pyro.elbo import AttentionMeanFieldELBO
-from bam_pyro import attention_map
+from bam_pyro.kl import summed
 from bam_pyro.kl import summed_kl_mean_weibull_gamma
 from bam_pyro import AttentionGuide
 from models.gat import build_node_classifier
@@ -83,13 +83,13 @@ def test_analytic_kl_path_is_taken_not_the_monte_carlo_fallback(monkeypatch):
         pyro.set_rng_seed(0)
         return TraceMeanField_ELBO().differentiable_loss(model.model, guide, x, edge_index, y=y).item()
 
-    monkeypatch.setitem(attention_map._SUMMED_KL, (MeanWeibull, Gamma), counting_kl)
+    monkeypatch.setattr(summed, "summed_kl_mean_weibull_gamma", counting_kl)
     analytic = loss()
     assert len(evaluated) == 2  # once per attention site, over all its entries
     edges = int((edge_index[0] != edge_index[1]).sum()) + x.size(0)  # self loops: one per node
     assert evaluated[0] == (edges, 8)  # every edge and head
 
-    monkeypatch.delitem(attention_map._SUMMED_KL, (MeanWeibull, Gamma))
+    monkeypatch.setattr(summed, "summed_kl_mean_weibull_gamma", summed.entrywise_summed_kl)
     assert loss() == pytest.approx(analytic, rel=1e-5)  # entry-wise KL, summed
 
     # Without the registrations Pyro silently falls back to a Monte Carlo estimate: the loss changes.
