@@ -420,12 +420,9 @@ def test_compiled_noise_gives_the_eager_draw():
     keys = noise.row_keys(torch.tensor(11), B, H)
     results = []
     for compiled in (False, True):
-        compile_noise(compiled)
-        try:
+        with compile_noise(compiled):
             out, lse = chunked_attention(q, k, v, keys, "weibull", k=2.0, dropout=0.2, chunk=4)
-            results.append((out, lse, grads([q, k, v], out.sum() + lse.sum())))
-        finally:
-            compile_noise(False)
+        results.append((out, lse, grads([q, k, v], out.sum() + lse.sum())))
     (out_e, lse_e, g_e), (out_c, lse_c, g_c) = results
     torch.testing.assert_close(out_c, out_e, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse_c, lse_e)

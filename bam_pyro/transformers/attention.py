@@ -166,7 +166,9 @@ def fused_layout(mask: Optional[Tensor], num_queries: int, num_keys: int, querie
     return layout
 
 
-#: (the mask, its version and the call's sizes, its layout) of the last mask read
+#: (the mask, its version and the call's sizes, its layout) of the last mask read. Process-wide and
+#: safe so: a hit needs that very tensor, unwritten since, with the same sizes, whose layout is the
+#: same in any pass or thread (and the tuple is replaced whole, never changed in place)
 _last_layout: Optional[tuple[weakref.ref, tuple, Optional[FusedLayout]]] = None
 
 
