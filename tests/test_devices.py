@@ -9,8 +9,9 @@ the loss value on the host (``torch_item`` in ``TraceMeanField_ELBO``), which me
 
 The models hold no step counter (the loop passes its training step, a Python int), so a model moves
 to meta whole. Known host reads that stay, outside these tests' reach: the translation encoders pack
-sequences, and ``pack_padded_sequence`` takes its lengths on the CPU; transformers' padding masks are
-read once per call by ``bam_pyro.transformers.SequenceKeys`` (an expected failure below).
+sequences, and ``pack_padded_sequence`` takes its lengths on the CPU; a transformers mask that
+``bam_pyro.transformers.bam_mask`` did not build (sliding windows, caches, custom masks) is read to
+tell its layout.
 """
 
 from __future__ import annotations
@@ -247,11 +248,13 @@ def test_transformers_bam_trains_on_meta_without_padding():
     check_training_step(model, AttentionGuide(model.model), META, ids, None, labels=torch.tensor([0, 1, 2], device=META))
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="bam_pyro.transformers reads the attention mask on the host (once per forward pass "
-                          "on the fused path, bool((mask == first_row).all())) to tell key padding from other masks")
-def test_transformers_bam_trains_on_meta_with_padding():
-    model = tiny_bert_model().to(META).train()
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "materialized"])
+def test_transformers_bam_trains_on_meta_with_padding(fused):
+    """The mask transformers builds through bam_pyro's mask function says it is key padding: no
+    attention call reads its values to tell."""
+    from bam_pyro.attention import set_fused
+
+    model = set_fused(tiny_bert_model(), fused).to(META).train()
     ids, mask = torch.randint(5, 60, (3, 7), device=META), torch.ones(3, 7, dtype=torch.long, device=META)
     check_training_step(model, AttentionGuide(model.model), META, ids, mask, labels=torch.tensor([0, 1, 2], device=META))
 
