@@ -39,13 +39,15 @@ Two routes:
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from . import noise
+from .pass_context import PassContext
 
 #: entries of one chunk of queries ``[N, H, chunk, Lk]``, about 4 MB in float32
 CHUNK_ENTRIES = 2**20
@@ -106,7 +108,7 @@ def chunk_noise(row_keys: Tensor, rows: Tensor, key_index: Tensor, family: str, 
 
 
 #: whether :func:`compile_noise` asked for the compiled noise in eager calls
-_noise_compiled = False
+_NOISE_COMPILED: PassContext[bool] = PassContext(False)
 
 
 @functools.cache
@@ -114,16 +116,18 @@ def _compiled_chunk_noise() -> Callable[..., tuple[Tensor, Optional[Tensor]]]:
     return torch.compile(chunk_noise, dynamic=True)
 
 
-def compile_noise(enabled: bool = True) -> None:
-    """Draw the chunked route's noise through ``torch.compile`` (Inductor fuses the hash, the
-    logarithms and the dropout test into one loop; on CPU about 7x faster than the eager ops) or,
-    with ``enabled=False``, eagerly (the default: compiling takes one to a few minutes the first
-    time in a process, cached on disk after). The compiled logarithms may differ from the eager
-    ones in the last bit; forward and backward use the same function, so a draw stays one draw.
-    Under ``torch.compile`` of the model the noise is drawn compiled whatever this says (see
+@contextmanager
+def compile_noise(enabled: bool = True) -> Iterator[None]:
+    """Within this context (this thread's), draw the chunked route's noise through ``torch.compile``
+    (Inductor fuses the hash, the logarithms and the dropout test into one loop; on CPU about 7x
+    faster than the eager ops) or, with ``enabled=False``, eagerly (the default outside: compiling
+    takes one to a few minutes the first time in a process, cached on disk after). The compiled
+    logarithms may differ from the eager ones in the last bit; forward and backward use the same
+    function, so a draw stays one draw (the backward pass needs no context). Under
+    ``torch.compile`` of the model the noise is drawn compiled whatever this says (see
     :func:`chunked_attention`)."""
-    global _noise_compiled
-    _noise_compiled = enabled
+    with _NOISE_COMPILED.entered(enabled):
+        yield
 
 
 def _masked_(values: Tensor, valid: Optional[Tensor]) -> Tensor:
@@ -262,7 +266,7 @@ def chunked_attention(query: Tensor, key: Tensor, value: Tensor, row_keys: Tenso
         return checkpoint(_forward, query, key, value, chunks, traced=True, use_reentrant=False)
     # a larger call under torch.compile: the operators stay opaque, their noise drawn by Inductor. The
     # choice travels with the call, so that its backward draws the same noise
-    compiled_noise = _noise_compiled or torch.compiler.is_compiling()
+    compiled_noise = _NOISE_COMPILED.current() or torch.compiler.is_compiling()
     return _chunked_attention_op(query, key, value, row_keys, key_mask, family, float(k), float(sigma), causal,
                                  float(dropout), chunk, compiled_noise)
 

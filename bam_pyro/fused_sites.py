@@ -11,10 +11,9 @@ call, so q(seed) is q(S | Phi) written through its noise, as a reparameterized s
 - the model's prior (:class:`FusedPrior`) has no counter-based sampler (Gamma draws need
   rejection); without a guide it samples a full map S from the materialized prior, and the
   layer normalizes it, as on the materialized path;
-- their KL, the only term ``TraceMeanField_ELBO`` reads at these sites, is the closed form of
-  :func:`bam_pyro.kl.weibull_gamma_row_kl` or :func:`bam_pyro.kl.lognormal_row_kl` from row
-  statistics: the clean log-normalizers that the fused attention returns and sums over the keys
-  (prefix sums under a causal mask);
+- their KL, the only term ``TraceMeanField_ELBO`` reads at these sites, is the closed form from
+  row statistics (:class:`bam_pyro.kl.rows.RowStatistics`): the clean log-normalizers that the
+  fused attention returns and sums over the keys (prefix sums under a causal mask);
 - log-densities (read by Monte Carlo ELBOs and by Pyro's validation) are those of the map that
   the seed regenerates under the materialized distributions: exact, and a full map, computed only
   when asked for.
@@ -29,16 +28,15 @@ import pyro.distributions as dist
 import torch
 from torch import Tensor
 from torch.distributions import constraints, register_kl
-from torch.utils.checkpoint import checkpoint
 
 from . import noise
 from .attention_map import AttentionMap
 from .axes import DenseKeys
 from .config import BamConfig
-from .distributions import MIN_GAMMA_SHAPE, variational_distribution
-from .fused import bayesian_dot_attention, chunk_size_for
-from .kl import _weibull_gamma_constant, lognormal_row_kl, weibull_gamma_row_kl
-from .normalize import LOG_FLOOR, log_normalized
+from .distributions import variational_distribution
+from .fused import bayesian_dot_attention
+from .kl import RowStatistics
+from .normalize import log_normalized
 
 #: builds the prior p(S) of a materialized map from its Phi and axis (``BayesianAttention.prior``)
 PriorBuilder = Callable[[Tensor, DenseKeys], dist.TorchDistribution]
@@ -65,6 +63,8 @@ class DotProductCall:
         self.sample_shape = query.shape[: query.dim() - self.event_dim]
         self.map_shape = query.shape[len(self.sample_shape):-1] + key.shape[-2:-1]
         self.lse: Optional[Tensor] = None  # set by attend(): the clean log-normalizer of each row
+        self.rows = RowStatistics(config, query, key, key_mask=key_mask, query_mask=query_mask, causal=causal,
+                                  map_shape=self.map_shape, prior_logits=prior_logits)
 
     # --- attention -------------------------------------------------------------------------
     def attend(self, seeds: Tensor) -> Tensor:
@@ -87,182 +87,13 @@ class DotProductCall:
     def num_valid(self) -> Tensor:
         """Valid entries of one map: the KL's count under the ``mean`` reduction (a 0-dim tensor on
         the inputs' device, never read on the host)."""
-        rows = self._row_counts() * self._row_weights()
-        return rows.expand(*self.map_shape[:-1]).sum()
+        return self.rows.num_valid()
 
     def kl(self) -> Tensor:
         """KL(q || p) summed over the valid entries of the call, per draw: shape ``sample_shape``."""
         if self.lse is None:
             raise RuntimeError("the KL of a fused attention site is read from its attention call; call attend() first")
-        if self.config.family == "weibull":
-            rows = self._weibull_rows()
-        else:
-            rows = self._lognormal_rows()
-        rows = rows * self._row_weights()
-        return rows.sum(dim=tuple(range(-(self.event_dim - 1), 0))).to(self.query.dtype)
-
-    # --- row statistics (float64) ------------------------------------------------------------
-    def _q(self) -> Tensor:
-        return self.query.double()
-
-    def _keys_valid(self) -> Optional[Tensor]:
-        """The key mask as per-key values ``[*batch, 1 or H, Lk, 1]`` of 1 (valid) and 0."""
-        return None if self.key_mask is None else self.key_mask.transpose(-1, -2).double()
-
-    def _row_sum(self, per_key: Tensor) -> Tensor:
-        """Per-key values ``[..., Lk, r]`` summed over each query's valid keys: ``[..., Lq or 1, r]``."""
-        valid = self._keys_valid()
-        if valid is not None:
-            per_key = per_key * valid
-        if not self.causal:
-            return per_key.sum(dim=-2, keepdim=True)
-        prefix = per_key.cumsum(dim=-2)
-        num_queries, num_keys = self.map_shape[-2], self.map_shape[-1]
-        index = torch.arange(num_queries, device=prefix.device).clamp_max(num_keys - 1)
-        return prefix.index_select(-2, index)
-
-    def _row_counts(self) -> Tensor:
-        ones = torch.ones(self.map_shape[-1], 1, dtype=torch.float64, device=self.query.device)
-        return self._row_sum(ones)[..., 0]  # [..., Lq or 1]
-
-    def _row_weights(self) -> Tensor:
-        """1 for the rows of the site (a valid query with a valid key), else 0: ``[..., Lq]``."""
-        has_keys = (self._row_counts() > 0).double()
-        return has_keys if self.query_mask is None else has_keys * self.query_mask[..., 0].double()
-
-    def _dot_rows(self, per_key_vectors: Tensor) -> Tensor:
-        """``q_i . sum_{j in V_i} v_j`` for per-key vectors ``[..., Lk, d]``: ``[..., Lq]``."""
-        return (self._q() * self._row_sum(per_key_vectors)).sum(-1)
-
-    def _per_key_log_psi(self) -> Tensor:
-        """``log(Psi_j + 1e-20)`` ``[..., H, Lk, 1]``, Psi a softmax over the keys that some query
-        sees: each query's keys without a causal mask (both scopes agree there), all of the call's
-        under one (``all_keys``; a causal query i sees no key beyond i)."""
-        logits = self.prior_logits.double().unsqueeze(-1)
-        seen = None if self.key_mask is None else self.key_mask.transpose(-1, -2)
-        if self.causal and self.map_shape[-1] > self.map_shape[-2]:
-            reached = (torch.arange(self.map_shape[-1], device=logits.device) < self.map_shape[-2])[:, None]
-            seen = reached if seen is None else seen & reached
-        if seen is not None:
-            logits = logits.masked_fill(~seen, torch.finfo(torch.float64).min)
-        return torch.log(torch.softmax(logits, dim=-2) + LOG_FLOOR)
-
-    def _per_query_prior(self) -> bool:
-        """Whether the contextual prior is normalized over each query's own prefix (causal, query_keys)."""
-        return self.prior_logits is not None and self.causal and self.config.prior_scope == "query_keys"
-
-    def _prefix_log_normalizer(self) -> tuple[Tensor, Tensor, Tensor]:
-        """Per-key ``w_j = exp(l_j - m)`` ``[..., Lk, 1]``, each query's ``log sum_{j in V_i} w_j``
-        ``[..., Lq, 1]`` and m (the largest logit; float64 keeps the prefix sums from underflowing):
-        ``Psi_ij = w_j / sum_{V_i} w``, ``log Z_i = log sum_{V_i} w + m``."""
-        logits = self.prior_logits.double().unsqueeze(-1)
-        top = logits.amax(dim=-2, keepdim=True).detach()
-        weights = torch.exp(logits - top)
-        return weights, torch.log(self._row_sum(weights).clamp_min(torch.finfo(torch.float64).tiny)), top
-
-    def _weibull_rows(self) -> Tensor:
-        config = self.config
-        lse = self.lse.double()
-        keys = self.key.double()
-        k = keys.new_tensor(config.k)
-        beta = keys.new_tensor(config.beta)
-        log_mean_factor = math.lgamma(1.0 + 1.0 / config.k)
-        has_keys = (self._row_counts() > 0).double()
-        if self._per_query_prior():
-            weights, log_sum, _ = self._prefix_log_normalizer()
-            scale = config.beta if config.gamma_shape == "psi_beta" else 1.0
-            alpha_sum = scale * has_keys
-            alpha_score_sum = scale * self._dot_rows(weights * keys) / torch.exp(log_sum[..., 0])
-            constant_sum = self._prefix_constant_sums(weights.squeeze(-1), log_sum, k, beta, log_mean_factor)
-        else:
-            if self.prior_logits is None:
-                alpha = keys.new_tensor(max(config.alpha, MIN_GAMMA_SHAPE)).expand(*keys.shape[:-1], 1)
-            else:
-                log_alpha = self._per_key_log_psi() + (math.log(config.beta) if config.gamma_shape == "psi_beta" else 0.0)
-                alpha = log_alpha.clamp_min(math.log(MIN_GAMMA_SHAPE)).exp()
-            alpha_sum = self._row_sum(alpha)[..., 0]
-            alpha_score_sum = self._dot_rows(alpha * keys)
-            constant_sum = self._row_sum(_weibull_gamma_constant(k, alpha, beta, log_mean_factor))[..., 0]
-        return weibull_gamma_row_kl(lse, alpha_sum, alpha_score_sum, constant_sum, config.beta, has_keys)
-
-    def _prefix_constant_sums(self, weights: Tensor, log_sum: Tensor, k: Tensor, beta: Tensor, log_mean_factor: float) -> Tensor:
-        """sum_{j in V_i} c(alpha_ij) with ``alpha_ij = beta * e^{l_j} / Z_i`` (or without beta): lgamma
-        keeps it from splitting into per-key sums, so it runs over chunks of queries, each
-        recomputed in the backward pass (memory linear in the length)."""
-        config = self.config
-        log_beta = math.log(config.beta) if config.gamma_shape == "psi_beta" else 0.0
-        num_queries, num_keys = self.map_shape[-2], self.map_shape[-1]
-        chunk = chunk_size_for(weights.shape[:-1].numel(), num_keys)
-        key_index = torch.arange(num_keys, device=weights.device)
-
-        def rows(w: Tensor, ls: Tensor, start: int, stop: int) -> Tensor:
-            log_psi = torch.log(w.unsqueeze(-2) * torch.exp(-ls[..., start:stop, :]) + LOG_FLOOR)
-            alpha = (log_psi + log_beta).clamp_min(math.log(MIN_GAMMA_SHAPE)).exp()
-            terms = _weibull_gamma_constant(k, alpha, beta, log_mean_factor)
-            valid = key_index <= torch.arange(start, stop, device=w.device)[:, None]
-            if self.key_mask is not None:
-                valid = valid & self.key_mask
-            return terms.masked_fill(~valid, 0.0).sum(-1)
-
-        parts = [checkpoint(rows, weights, log_sum, start, min(start + chunk, num_queries), use_reentrant=False)
-                 for start in range(0, num_queries, chunk)]
-        return torch.cat(parts, dim=-1)
-
-    def _lognormal_rows(self) -> Tensor:
-        config = self.config
-        lse = self.lse.double()
-        keys = self.key.double()
-        counts = self._row_counts()
-        score_sum = self._dot_rows(keys)
-        square_sum = self._square_sums()
-        if self.prior_logits is None or self._per_query_prior():
-            if self.prior_logits is None:
-                mu = keys.new_full((*keys.shape[:-1], 1), config.mu_p)
-                log_z = None
-            else:
-                _, log_sum, top = self._prefix_log_normalizer()
-                log_z = log_sum + top
-                mu = self.prior_logits.double().unsqueeze(-1)
-            score_mu_sum = self._dot_rows(mu * keys)
-            mu_sum = self._row_sum(mu)[..., 0]
-            mu_square_sum = self._row_sum(mu.square())[..., 0]
-            if log_z is not None:  # mu_ij = l_j - log Z_i
-                lz = log_z[..., 0]
-                score_mu_sum = score_mu_sum - lz * score_sum
-                mu_square_sum = mu_square_sum - 2 * lz * mu_sum + counts * lz.square()
-                mu_sum = mu_sum - counts * lz
-        else:
-            mu = self._per_key_log_psi()
-            score_mu_sum = self._dot_rows(mu * keys)
-            mu_sum = self._row_sum(mu)[..., 0]
-            mu_square_sum = self._row_sum(mu.square())[..., 0]
-        return lognormal_row_kl(lse, counts, score_sum, square_sum, score_mu_sum, mu_sum, mu_square_sum,
-                                config.sigma_q, config.sigma_p)
-
-    def _square_sums(self) -> Tensor:
-        """sum_{j in V_i} s_ij^2: ``q_i^T (sum_j k_j k_j^T) q_i`` without a causal mask; with one, over
-        chunks of queries recomputed in the backward pass (a prefix of d x d matrices per key would
-        cost L * d^2 memory)."""
-        q, keys = self._q(), self.key.double()
-        if not self.causal:
-            valid = self._keys_valid()
-            weighted = keys if valid is None else keys * valid
-            gram = weighted.transpose(-1, -2) @ keys
-            return ((q @ gram) * q).sum(-1)
-        num_queries, num_keys = self.map_shape[-2], self.map_shape[-1]
-        chunk = chunk_size_for(q.shape[:-2].numel(), num_keys)
-        key_index = torch.arange(num_keys, device=q.device)
-
-        def rows(qc: Tensor, kk: Tensor, start: int) -> Tensor:
-            scores = qc.float() @ kk.float().transpose(-1, -2)
-            valid = key_index <= torch.arange(start, start + qc.shape[-2], device=qc.device)[:, None]
-            if self.key_mask is not None:
-                valid = valid & self.key_mask
-            return scores.square().masked_fill(~valid, 0.0).sum(-1).double()
-
-        parts = [checkpoint(rows, q[..., start:start + chunk, :], keys, start, use_reentrant=False)
-                 for start in range(0, num_queries, chunk)]
-        return torch.cat(parts, dim=-1)
+        return self.rows.kl(self.lse).to(self.query.dtype)
 
     # --- materialized, on request ------------------------------------------------------------
     def axis(self) -> DenseKeys:

@@ -16,7 +16,7 @@ still in the one pass::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import pyro.distributions as dist
 from pyro.poutine.guide import GuideMessenger
@@ -40,7 +40,9 @@ class AttentionGuide(GuideMessenger):
     calling it runs the model under the guide and returns every site's value.
     """
 
-    _infer: dict = {}
+    def __init__(self, model: Callable, *args: Any, **kwargs: Any) -> None:
+        super().__init__(model, *args, **kwargs)
+        self._infer: dict = {}  # the ``infer`` dict of the site being drawn, for get_posterior
 
     def _pyro_sample(self, msg) -> None:  # the handler Pyro's Messenger subclasses override (tests/test_private_names.py)
         self._infer = msg["infer"] or {}

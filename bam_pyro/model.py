@@ -13,9 +13,9 @@ The objective (the paper's eq. 5), and where each factor of it is applied. Train
 with one draw S ~ q per step (the layers above l see the draw of the layers below: the paper's
 semi-analytic KL) and
 
-- ``lambda_t = sigmoid(t * rho)``, ``t`` = :attr:`BamModel.step` (``ObjectiveConfig.anneal_rate``),
-  times ``kl_weight`` (the paper's att_kl): :meth:`BamModel.kl_scale`, applied to every attention
-  site of model and guide with ``poutine.scale`` (:mod:`bam_pyro.sites`);
+- ``lambda_t = sigmoid(t * rho)``, ``t`` the training step the loop passes as ``model(..., step=t)``
+  (``ObjectiveConfig.anneal_rate``), times ``kl_weight`` (the paper's att_kl): :meth:`BamModel.kl_scale`,
+  applied to every attention site of model and guide with ``poutine.scale`` (:mod:`bam_pyro.sites`);
 - the reduction (``ObjectiveConfig.reduction``): ``sum`` sets ``w_y = w_l = 1``, the plain ELBO;
   ``mean`` (the reference code, which the paper's hyperparameters assume) sets ``w_y = 1 / n``
   (the n observed items; :meth:`BamModel.observe`) and ``w_l = 1 / (L * valid entries of site
@@ -32,18 +32,17 @@ Pyro's own ``SVI`` with a ``pyro.optim`` optimizer trains them; a ``torch.optim`
 ``model`` (the latent-alignment models of translation) must call :meth:`BamModel.register_parameters`
 in it, or ``SVI`` finds nothing to train.
 
-``step`` is advanced by the training loop (``SVITrainer`` does it; Pyro's ``SVI`` cannot know it).
-A loop that forgets it would train another objective without an error: ``lambda_t`` frozen at its
-first value, or va-relaxed's Jensen warm start (:class:`bam_pyro.alignment.JensenWarmStart`) never
-ending. Every schedule that reads ``step`` reports its reads (:meth:`BamModel.read_step`), and once
-:data:`STALLED_STEP_READS` training reads have gone by at one step the model warns
-(:class:`StalledStepWarning`), naming the schedule; a model pass reads ``lambda_t`` once, a guide
-that scales by it or reads the warm start once more.
+The step is an argument, as the ``annealing_factor`` of Pyro's ``examples/dmm.py``: the training
+loop counts its steps in a Python int (``SVITrainer`` saves it in its checkpoint) and passes
+``step=t`` to every call of model and guide (the guide hands its arguments to the model). The
+model holds no counter of its own, so a pass reads no tensor on the host for it. Model and guide
+read only the schedules of ``t`` (``lambda_t`` here, va-relaxed's Jensen warm start in
+:class:`bam_pyro.alignment.JensenWarmStart`). A training pass (train mode, gradients on) of an
+annealed model without ``step`` raises; outside training the weight is its limit ``kl_weight``.
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Optional
 
 import pyro
@@ -61,21 +60,13 @@ from .sites import attention_sites
 #: unobserved, it is predicted from the model, never given a posterior of its own
 TARGET = "bam_target"
 
-#: reads of ``step`` by a schedule, in training (train mode, gradients on), at one step after which the model warns
-STALLED_STEP_READS = 100
-
-
-class StalledStepWarning(UserWarning):
-    """Training goes on while ``BamModel.step``, which a schedule of the objective reads, stands still."""
-
-
 class BamModel(nn.Module):
     """Base class of the Pyro models of every task.
 
     ``network(*inputs)`` is the task's neural network (its attention layers are
     :class:`BayesianAttention`); ``objective`` fixes the reduction, the KL weight and the
-    annealing. ``step`` (a buffer, saved with the model) is the SVI step t of the annealing
-    ``lambda_t = sigmoid(t * rho)``; the training loop advances it.
+    annealing ``lambda_t = sigmoid(t * rho)``, whose training step t the loop passes to
+    :meth:`model` as ``step=t``.
 
     ``num_sites`` is the number of attention sites per pass, L in the mean reduction; by default
     the number of attention modules with a prior. A model that calls one module several times
@@ -97,37 +88,30 @@ class BamModel(nn.Module):
         self.network = network
         self.pyro_name = pyro_name
         self.objective = objective
-        self.register_buffer("step", torch.zeros((), dtype=torch.long))
         self.record_attention = False
-        self._reads_at_step = (0, 0)  # (step, training reads of it by schedules)
+        self.register_load_state_dict_pre_hook(_drop_step_buffer)
         layers = [(n, m) for n, m in network.named_modules() if isinstance(m, BayesianAttention)]
         for name, layer in layers:
             layer.site_name = name
         self.num_sites = sum(layer.config.prior is not None for _, layer in layers)
 
-    def kl_scale(self) -> float:
-        """lambda_t * kl_weight, the weight of the KL term at the current step."""
-        if self.objective.anneal_rate is not None:
-            self.read_step("the KL annealing lambda_t = sigmoid(t * rho)")
-        return self.objective.kl_weight * self.objective.kl_annealing(int(self.step))
+    def kl_scale(self, step: Optional[int]) -> float:
+        """``kl_weight * lambda_t``, the weight of the KL term at training step ``step``.
 
-    def read_step(self, schedule: str) -> int:
-        """``step``, for a schedule of the objective that depends on it (``schedule`` names it). A
-        read in training counts: after :data:`STALLED_STEP_READS` at one step the model warns, once."""
-        step = int(self.step)
-        if not (self.training and torch.is_grad_enabled()):
-            return step
-        seen, reads = self._reads_at_step
-        reads = reads + 1 if step == seen else 1
-        self._reads_at_step = (step, reads)
-        if reads == STALLED_STEP_READS:
-            warnings.warn(f"{reads} training reads of model.step at {step}: {schedule} stands still; advance "
-                          "model.step after each optimizer step (Pyro's SVI does not)", StalledStepWarning, stacklevel=3)
-        return step
+        ``step=None`` outside training (eval mode or no gradients) is the limit ``kl_weight``, where a
+        prediction does not depend on it; in training an annealed objective needs its step."""
+        if step is None:
+            if self.objective.anneal_rate is not None and self.training and torch.is_grad_enabled():
+                raise ValueError(f"{type(self).__name__} anneals its KL weight (anneal_rate="
+                                 f"{self.objective.anneal_rate}): pass the training step, model(..., step=t)")
+            return self.objective.kl_weight
+        return self.objective.kl_weight * self.objective.kl_annealing(step)
 
-    def model(self, *inputs: Any, **targets: Any) -> Any:
+    def model(self, *inputs: Any, step: Optional[int] = None, **targets: Any) -> Any:
+        """The network's pass on ``inputs`` with its attention sites, then the likelihood of
+        ``targets``; ``step``: the training step t of the KL annealing (see :meth:`kl_scale`)."""
         mean_over = self.num_sites if self.objective.reduction == "mean" else None
-        with attention_sites(self.kl_scale(), mean_over, self.record_attention):
+        with attention_sites(self.kl_scale(step), mean_over, self.record_attention):
             outputs = self.network(*inputs)
         self.register_parameters()  # after the pass, which materializes lazy parameters
         self.likelihood(outputs, **targets)
@@ -187,3 +171,9 @@ class BamModel(nn.Module):
         scale = 1.0 / n if self.objective.reduction == "mean" else 1.0
         with pyro.plate(f"{name}_data", n, dim=-1), poutine.scale(scale=scale):
             return pyro.sample(name, fn, obs=obs, infer={TARGET: True})
+
+
+def _drop_step_buffer(module: nn.Module, state_dict: dict, prefix: str, *args: Any) -> None:
+    """Read a state dict saved while the model kept its annealing step as a buffer: the step is the
+    training loop's now (``SVITrainer.load`` reads it from such a checkpoint), so it is dropped here."""
+    state_dict.pop(prefix + "step", None)

@@ -15,15 +15,14 @@ entries: :func:`mean_scale`). Both prior and q are wrapped in
 an :class:`~bam_pyro.attention_map.AttentionMap`: one event per attention call, padding masked
 out (the KL of padded entries is exactly zero), the KL summed over the valid entries directly.
 
-The active contexts are per thread (a ``threading.local``, which ``torch.compile`` traces without
-a graph break): a network evaluated in one thread does not join a Pyro model running in another.
+The active contexts are per-pass state (:class:`~bam_pyro.pass_context.PassContext`, per thread): a
+network evaluated in one thread does not join a Pyro model running in another.
 ``nn.DataParallel``'s replicas, which run in threads, are refused by name
 (:func:`refuse_data_parallel_replica`).
 """
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from .attention_map import AttentionMap
 from .axes import AttentionAxis
 from .config import BamConfig
 from .distributions import variational_distribution
+from .pass_context import PassContext
 
 #: key of the site's ``infer`` dict that carries what the guide needs
 SITE_INFO = "bam_attention"
@@ -99,6 +99,8 @@ class AttentionSites:
         decoder computes its prior at every step."""
         if torch.compiler.is_compiling():
             return make()
+        # private: the tensor a view was made of, which torch exposes under no public name
+        # (tests/test_private_names.py); a view's identity is its base with its shape, strides and offset
         root = keys if keys._base is None else keys._base
         tag = (id(owner), id(root), keys.shape, keys.stride(), keys.storage_offset(), keys.dtype)
         entry = self.keyed.get(tag)
@@ -139,16 +141,9 @@ def mean_scale(kl_scale: float, num_sites: int, num_valid: Union[int, Tensor], d
     return weight.to(torch.promote_types(dtype, torch.float32))
 
 
-class _Context(threading.local):
-    """The active contexts, per thread: a model run in one thread is not seen by a network evaluated in
-    another (the module-level lists this replaces were). A thread starts with empty stacks."""
-
-    def __init__(self) -> None:
-        self.sites: list[AttentionSites] = []
-        self.sampling: list[bool] = []
-
-
-_CONTEXT = _Context()
+#: the sites of the Pyro model around the pass, and a request to sample outside one
+_SITES: PassContext[Optional[AttentionSites]] = PassContext(None)
+_SAMPLING: PassContext[Optional[bool]] = PassContext(None)
 
 
 @contextmanager
@@ -157,31 +152,24 @@ def attention_sites(
 ) -> Iterator[AttentionSites]:
     """Within this context, Bayesian attention layers are Pyro sample sites (see module doc).
     The context is this thread's: layers called in other threads do not see it."""
-    sites = AttentionSites(kl_scale, mean_over_sites, record_weights)
-    _CONTEXT.sites.append(sites)
-    try:
+    with _SITES.entered(AttentionSites(kl_scale, mean_over_sites, record_weights)) as sites:
         yield sites
-    finally:
-        _CONTEXT.sites.pop()
 
 
 def active_sites() -> Optional[AttentionSites]:
-    return _CONTEXT.sites[-1] if _CONTEXT.sites else None
+    return _SITES.current()
 
 
 @contextmanager
 def attention_sampling(enabled: bool = True) -> Iterator[None]:
     """Outside a Pyro model: draw attention from q even in eval mode (default there: the mean).
     The request is this thread's."""
-    _CONTEXT.sampling.append(enabled)
-    try:
+    with _SAMPLING.entered(enabled):
         yield
-    finally:
-        _CONTEXT.sampling.pop()
 
 
 def sampling_requested() -> Optional[bool]:
-    return _CONTEXT.sampling[-1] if _CONTEXT.sampling else None
+    return _SAMPLING.current()
 
 
 def refuse_data_parallel_replica(module: nn.Module) -> None:

@@ -4,10 +4,12 @@ One step is ``loss = elbo.differentiable_loss(model.model, guide, *args, **kwarg
 :class:`~bam_pyro.elbo.AttentionMeanFieldELBO`: ``TraceMeanField_ELBO``'s loss, validated on the
 first step, without the densities it does not use), a backward
 pass and an optimizer step on the model's parameters (a plain ``torch.optim`` optimizer, so that
-weight decay and its state are the usual ones), then the annealing counter advances.
+weight decay and its state are the usual ones). The trainer counts its steps in
+:attr:`SVITrainer.global_step`, a Python int, and passes it to model and guide as ``step=t``, the
+``t`` of the KL annealing (:meth:`bam_pyro.BamModel.kl_scale`).
 
 A checkpoint holds everything a continued run depends on: parameters, optimizer state, the
-step counter (a buffer of the model), the early-stopping state with its best parameters, the
+step counter, the early-stopping state with its best parameters, the
 history, the elapsed time, every RNG state and, when written inside an epoch, how far the epoch
 got. It is written every ``checkpoint_every`` epochs and, with ``checkpoint_seconds``, also
 between two steps once that much time has passed since the last one, so a killed run loses at
@@ -311,6 +313,8 @@ class SVITrainer:
         #: what the current ``fit`` call was asked for (saved with checkpoints, for progress reports)
         self.plan: dict[str, Optional[int]] = {"max_epochs": None, "steps_per_epoch": None}
         self.grad_clip = grad_clip
+        #: optimizer steps taken so far, the ``t`` of the KL annealing (saved with checkpoints)
+        self.global_step = 0
         self.epoch = 0
         self.history: list[dict[str, float]] = []
         self.seconds = 0.0  # wall time of the run so far, carried over by a checkpoint
@@ -344,10 +348,10 @@ class SVITrainer:
         self._set_up(lambda: (args, kwargs))
         self.model.train()
         args, kwargs = self.engine.to_device((args, kwargs))
-        loss = self._loss(*args, **kwargs)
+        loss = self._loss(*args, step=self.global_step, **kwargs)
         if not torch.isfinite(loss):
             raise FloatingPointError(
-                f"non-finite loss {loss.item()} at step {int(self.model.step)}; check the inputs "
+                f"non-finite loss {loss.item()} at step {self.global_step}; check the inputs "
                 "and the hyperparameters (k, sigma, beta, alpha, learning rate)"
             )
         self._optimizer.zero_grad(set_to_none=True)
@@ -357,7 +361,7 @@ class SVITrainer:
         self._optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
-        self.model.step += 1
+        self.global_step += 1
         return loss.item()
 
     def fit(
@@ -487,6 +491,7 @@ class SVITrainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "global_step": self.global_step,
             "epoch": self.epoch,
             "step_in_epoch": self.step_in_epoch,
             "epoch_losses": self.epoch_losses,
@@ -532,6 +537,7 @@ class SVITrainer:
         if len(processes) != self.engine.world_size:
             raise ValueError(f"{path} was written by {len(processes)} training process(es), this run has "
                              f"{self.engine.world_size}: resume it with as many (each one's random stream is in it)")
+        self.global_step = saved_global_step(state)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None:
@@ -567,6 +573,14 @@ def read_checkpoint(path: os.PathLike, mmap: bool = False, map_location: Any = "
     if missing:
         raise DamagedFile(path, f"not a checkpoint of SVITrainer: no {', '.join(missing)}")
     return state
+
+
+def saved_global_step(state: dict[str, Any]) -> int:
+    """The optimizer steps a checkpoint's run had taken: its ``global_step``, or, in a checkpoint
+    written while the model kept the step as a buffer, that buffer (``state["model"]["step"]``)."""
+    if "global_step" in state:
+        return state["global_step"]
+    return int(state["model"]["step"])
 
 
 def require_same_metadata(path: os.PathLike, saved: dict[str, Any], expected: dict[str, Any]) -> None:

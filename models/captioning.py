@@ -182,10 +182,10 @@ class Captioner(Translator):
     network: CaptionNetwork
 
     def model(self, features: Tensor, feature_mask: Tensor, tgt_in: Tensor, tgt_mask: Tensor,
-              tgt_out: Optional[Tensor] = None) -> Tensor:
+              tgt_out: Optional[Tensor] = None, step: Optional[int] = None) -> Tensor:
         if self.network.attention.config.prior is not None:
             self.num_sites = tgt_in.size(1)
-        return super().model(features, feature_mask, tgt_in, tgt_mask, tgt_out)
+        return super().model(features, feature_mask, tgt_in, tgt_mask, tgt_out, step=step)
 
 
 def build_captioner(vocab_size: int, feature_size: int, sizes: Att2inSizes, attention: BamConfig,

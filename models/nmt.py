@@ -266,8 +266,9 @@ class Translator(BamModel):
 
     network: Seq2Seq
 
-    def model(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, tgt_mask: Tensor, tgt_out: Optional[Tensor] = None) -> Tensor:
-        return super().model(src, src_mask, tgt_in, tgt_mask, tgt_out=tgt_out, tgt_mask=tgt_mask)
+    def model(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, tgt_mask: Tensor, tgt_out: Optional[Tensor] = None,
+              step: Optional[int] = None) -> Tensor:
+        return super().model(src, src_mask, tgt_in, tgt_mask, tgt_out=tgt_out, tgt_mask=tgt_mask, step=step)
 
     def target_plates(self, tgt_mask: Tensor) -> contextlib.AbstractContextManager[None]:
         return target_plates(tgt_mask, self.objective.reduction)

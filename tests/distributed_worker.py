@@ -77,7 +77,8 @@ def main(out: Path) -> None:
     trainer, batches, evaluate = make_trainer("wc", engine)
     trainer.fit(batches, evaluate, max_epochs=2, progress=False)
     (args, kwargs), = [next(iter(batches()))]
-    probe = trainer.elbo.differentiable_loss(trainer.model.model, trainer.guide, *args, **kwargs).item()
+    probe = trainer.elbo.differentiable_loss(trainer.model.model, trainer.guide, *args, step=trainer.global_step,
+                                             **kwargs).item()
     torch.save({**outcome(trainer), "probe_loss": probe}, out / f"noisy-rank{rank}.pt")
 
     checkpoint = out / "checkpoint.pt"

@@ -148,8 +148,8 @@ def test_svi_gradients_finite_at_paper_hyperparameters(dataset, variant, params)
     settings = TASK.settings_for(dataset, variant, 0, {})
     model = build_node_classifier(x.size(1), 3, settings.attention, ObjectiveConfig(kl_weight=10.0, anneal_rate=settings.anneal_rate))
     guide = AttentionGuide(model.model)
-    for _ in range(3):
-        loss = TraceMeanField_ELBO().differentiable_loss(model.model, guide, x, edge_index, y=y)
+    for step in range(3):
+        loss = TraceMeanField_ELBO().differentiable_loss(model.model, guide, x, edge_index, y=y, step=step)
         model.zero_grad()
         loss.backward()
         assert torch.isfinite(loss)

@@ -7,10 +7,11 @@ called on meta tensors". Each attention kind and each task's network and guide r
 and guide together, with the ELBO's terms computed from the guide's traces: Pyro's own ELBOs read
 the loss value on the host (``torch_item`` in ``TraceMeanField_ELBO``), which meta cannot do.
 
-Known host reads that stay, outside these tests' reach: ``BamModel.kl_scale`` reads ``int(step)``
-once per model call (the tests keep the step counter on the CPU); the translation encoders pack
-sequences, and ``pack_padded_sequence`` takes its lengths on the CPU; transformers' padding masks are
-read once per call by ``bam_pyro.transformers.SequenceKeys`` (an expected failure below).
+The models hold no step counter (the loop passes its training step, a Python int), so a model moves
+to meta whole. Known host reads that stay, outside these tests' reach: the translation encoders pack
+sequences, and ``pack_padded_sequence`` takes its lengths on the CPU; a transformers mask that
+``bam_pyro.transformers.bam_mask`` did not build (sliding windows, caches, custom masks) is read to
+tell its layout.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from pyro import poutine
-from torch import nn
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 from torch.distributions import kl_divergence
 
 from bam_pyro import AttentionGuide, BamConfig, BamModel, MultiHeadBayesianAttention, ObjectiveConfig
@@ -55,13 +57,6 @@ def edge_masks_keep_all_on_meta():
         yield
 
 
-def to_device(model: BamModel, device) -> BamModel:
-    """The model on ``device``, its annealing counter on the CPU (``kl_scale`` reads it per call)."""
-    model = model.to(device)
-    model.step = torch.zeros((), dtype=torch.long)
-    return model
-
-
 def on(device, *tensors):
     return tuple(t.to(device) for t in tensors)
 
@@ -90,7 +85,7 @@ def elbo_terms(model, guide, *args, **kwargs) -> tuple[torch.Tensor, dict]:
 def check_training_step(model: BamModel, guide, device, *args, unused: tuple[str, ...] = (), **kwargs) -> torch.Tensor:
     """Model and guide's loss on ``device``, its gradient, and every attention site there (every
     parameter gets a gradient on ``device`` but those whose names start with one of ``unused``)."""
-    loss, sites = elbo_terms(model.model, guide, *args, **kwargs)
+    loss, sites = elbo_terms(model.model, guide, *args, step=3, **kwargs)
     assert sites, "no attention site ran"
     for name, (q, kl) in sites.items():
         assert q["value"].device.type == torch.device(device).type, name
@@ -161,7 +156,7 @@ def graph_batch(dtype=torch.float32):
 
 @pytest.mark.parametrize("config", [WC, LC], ids=["wc", "lc"])
 def test_dense_attention_trains_and_predicts_on_meta(config):
-    model = to_device(dense_model(config), META).train()
+    model = dense_model(config).to(META).train()
     x, valid, y = on(META, *dense_batch())
     loss = check_training_step(model, AttentionGuide(model.model), META, x, valid, y=y)
     assert loss.device == META and loss.shape == ()
@@ -169,9 +164,59 @@ def test_dense_attention_trains_and_predicts_on_meta(config):
     assert model.network(x, valid).device == META
 
 
+class HostReads(TorchFunctionMode):
+    """Counts the reads of a tensor's value on the host (each a synchronization on an accelerator)."""
+
+    READS = {Tensor.item, Tensor.tolist, Tensor.numpy, Tensor.__bool__, Tensor.__int__, Tensor.__float__, Tensor.__index__}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.READS:
+            self.reads.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def values_not_at_hand(monkeypatch):
+    """The CPU taken for an accelerator: the library's reads that are free on an eager CPU tensor
+    (``bam_pyro.host_reads.values_at_hand``), and that it skips elsewhere, are skipped here too."""
+    from bam_pyro import axes, host_reads, normalize
+
+    for module in (axes, host_reads, normalize):
+        monkeypatch.setattr(module, "values_at_hand", lambda t: False)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "materialized"])
+def test_a_dense_bam_wc_training_step_reads_no_tensor_on_the_host(fused, values_not_at_hand):
+    """Model and guide in one pass at an annealed step, with key padding, the loss from their
+    traces, backward and an optimizer step: no value read on the host, as on an accelerator (Pyro's
+    ELBOs add one read of their own, the loss's ``torch_item``, which this step leaves out as
+    :func:`elbo_terms` does)."""
+    from bam_pyro.attention import set_fused
+
+    model = set_fused(dense_model(WC), fused).train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, valid, y = dense_batch()
+    guide = AttentionGuide(model.model)
+    elbo_terms(model.model, guide, x, valid, y=y, step=0)  # lazy parameters made, first-call checks done
+    for step in (1, 2):
+        with HostReads() as counter:
+            loss, sites = elbo_terms(model.model, guide, x, valid, y=y, step=step)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        assert sites and counter.reads == [], counter.reads
+    with HostReads() as counter:
+        torch.tensor([1.0, 2.0]).sum().item()
+    assert counter.reads == ["item"]  # the counter sees a read
+
+
 @pytest.mark.parametrize("conv", ["BayesianGATConv", "BayesianGATv2Conv", "BayesianTransformerConv"])
 def test_graph_attention_convs_train_and_predict_on_meta(conv, edge_masks_keep_all_on_meta):
-    model = to_device(graph_model(conv, WC), META).train()
+    model = graph_model(conv, WC).to(META).train()
     x, edge_index, y, nodes = on(META, *graph_batch())
     check_training_step(model, AttentionGuide(model.model), META, x, edge_index, y=y, nodes=nodes)
     model.eval()
@@ -182,7 +227,7 @@ def test_the_papers_gat_trains_on_meta(edge_masks_keep_all_on_meta):
     """models.gat with the Cora preset's per-head input dropout (its sparse gather is CPU only)."""
     from models.gat import build_node_classifier
 
-    model = to_device(build_node_classifier(6, 3, WC, ObjectiveConfig(anneal_rate=0.1), heads=2, hidden=4), META).train()
+    model = build_node_classifier(6, 3, WC, ObjectiveConfig(anneal_rate=0.1), heads=2, hidden=4).to(META).train()
     x, edge_index, y, nodes = on(META, *graph_batch())
     check_training_step(model, AttentionGuide(model.model), META, x, edge_index, y=y, nodes=nodes)
 
@@ -198,16 +243,18 @@ def tiny_bert_model():
 
 
 def test_transformers_bam_trains_on_meta_without_padding():
-    model = to_device(tiny_bert_model(), META).train()
+    model = tiny_bert_model().to(META).train()
     ids = torch.randint(5, 60, (3, 7), device=META)
     check_training_step(model, AttentionGuide(model.model), META, ids, None, labels=torch.tensor([0, 1, 2], device=META))
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="bam_pyro.transformers reads the attention mask on the host (once per forward pass "
-                          "on the fused path, bool((mask == first_row).all())) to tell key padding from other masks")
-def test_transformers_bam_trains_on_meta_with_padding():
-    model = to_device(tiny_bert_model(), META).train()
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "materialized"])
+def test_transformers_bam_trains_on_meta_with_padding(fused):
+    """The mask transformers builds through bam_pyro's mask function says it is key padding: no
+    attention call reads its values to tell."""
+    from bam_pyro.attention import set_fused
+
+    model = set_fused(tiny_bert_model(), fused).to(META).train()
     ids, mask = torch.randint(5, 60, (3, 7), device=META), torch.ones(3, 7, dtype=torch.long, device=META)
     check_training_step(model, AttentionGuide(model.model), META, ids, mask, labels=torch.tensor([0, 1, 2], device=META))
 
@@ -216,7 +263,7 @@ def test_vqa_network_and_guide_train_on_meta():
     from models.vqa import McanSizes, build_vqa_model
 
     sizes = McanSizes(hidden=16, heads=2, encoder_layers=1, decoder_layers=1, embedding=8, features=16, grid=4, dropout=0.1)
-    model = to_device(build_vqa_model(10, 5, WC, ObjectiveConfig(), sizes=sizes), META).train()
+    model = build_vqa_model(10, 5, WC, ObjectiveConfig(), sizes=sizes).to(META).train()
     words = torch.tensor([[3, 4, 0], [5, 0, 0]], device=META)
     images = torch.empty(2, 3, 64, 64, dtype=torch.uint8, device=META)
     check_training_step(model, AttentionGuide(model.model), META, words, images, answers=torch.tensor([1, 2], device=META))
@@ -229,7 +276,7 @@ def test_captioning_network_and_guide_train_on_meta(config):
     from models.captioning import Att2inSizes, build_captioner
 
     sizes = Att2inSizes(embedding=8, hidden=8, attention=5, dropout=0.1)
-    model = to_device(build_captioner(12, 6, sizes, config, ObjectiveConfig()), META).train()
+    model = build_captioner(12, 6, sizes, config, ObjectiveConfig()).to(META).train()
     features, grid_mask = torch.empty(2, 4, 6, device=META), torch.ones(2, 4, dtype=torch.bool, device=META)
     tgt_in = torch.tensor([[1, 5, 6], [1, 7, 0]], device=META)
     tgt_out = torch.tensor([[5, 6, 2], [7, 2, 0]], device=META)
@@ -243,14 +290,14 @@ def test_translation_attention_and_likelihood_run_on_meta():
     from models.nmt import Memory, NetworkSizes, build_translator
 
     sizes = NetworkSizes(embedding=8, encoder=6, decoder=8, attention=5, layers=1, dropout=0.1)
-    model = to_device(build_translator(11, sizes, WC, ObjectiveConfig()), META).train()
+    model = build_translator(11, sizes, WC, ObjectiveConfig()).to(META).train()
     network = model.network
     states = torch.randn(2, 4, 12, device=META)
     src_mask = torch.ones(2, 4, dtype=torch.bool, device=META)
     tgt_in, tgt_mask = torch.zeros(2, 3, dtype=torch.long, device=META), torch.ones(2, 3, dtype=torch.bool, device=META)
 
-    def translation(tgt_out):
-        with attention_sites(model.kl_scale(), model.num_sites):
+    def translation(tgt_out, step):
+        with attention_sites(model.kl_scale(step), model.num_sites):
             memory = Memory(states, network.score_key(states), src_mask)
             outputs = network.decoder_states(memory, tgt_in)
             weights = network.attention_weights(outputs.scores, memory, tgt_mask)
@@ -309,7 +356,7 @@ def test_latent_alignment_models_and_guides_run_on_meta(variant):
 
     inference = Scores() if ALIGNMENT_VARIANTS[variant].guide == "inference" else None
     model = LatentAlignmentModel(UnpackedSeq2Seq(), ObjectiveConfig(), AlignmentConfig(variant), inference)
-    model = to_device(model, META).train()
+    model = model.to(META).train()
     src, tgt = torch.randint(3, 9, (2, 4), device=META), torch.randint(3, 9, (2, 3), device=META)
     src_mask, tgt_mask = torch.ones(2, 4, dtype=torch.bool, device=META), torch.ones(2, 3, dtype=torch.bool, device=META)
     guide = guide_for(model)
@@ -334,7 +381,7 @@ def test_latent_alignment_models_and_guides_run_on_meta(variant):
 def test_float64_inputs_give_float64_sites_weights_and_kl(config):
     model = dense_model(config, torch.float64).train()
     x, valid, y = dense_batch(torch.float64)
-    loss, sites = elbo_terms(model.model, AttentionGuide(model.model), x, valid, y=y)
+    loss, sites = elbo_terms(model.model, AttentionGuide(model.model), x, valid, y=y, step=0)
     assert loss.dtype == torch.float64
     for q, kl in sites.values():
         assert q["value"].dtype == q["infer"][SITE_INFO].phi.dtype == kl.dtype == torch.float64
@@ -357,7 +404,7 @@ def test_bfloat16_inputs_give_bfloat16_weights_with_a_float32_site(make):
         args, kwargs = (x, edge_index), {"y": y, "nodes": nodes}
         weights = lambda: model.network.conv1(x, edge_index, return_attention_weights=True)[1][1]  # noqa: E731
     model.train()
-    loss, sites = elbo_terms(model.model, AttentionGuide(model.model), *args, **kwargs)
+    loss, sites = elbo_terms(model.model, AttentionGuide(model.model), *args, step=0, **kwargs)
     for q, kl in sites.values():
         assert q["value"].dtype == kl.dtype == torch.float32
     assert torch.isfinite(loss)
@@ -373,18 +420,18 @@ def test_bfloat16_inputs_give_bfloat16_weights_with_a_float32_site(make):
 def test_bf16_autocast_keeps_the_kl_and_normalization_float32_and_finite(variant, make, device):
     config = EXTREME[variant]
     if make == "dense":
-        model = to_device(dense_model(config), device)
+        model = dense_model(config).to(device)
         x, valid, y = on(device, *dense_batch())
         args, kwargs = (x, valid), {"y": y}
     else:
-        model = to_device(graph_model("BayesianGATConv", config), device)
+        model = graph_model("BayesianGATConv", config).to(device)
         x, edge_index, y, nodes = on(device, *graph_batch())
         args, kwargs = (x, edge_index), {"y": y, "nodes": nodes}
     model.train()
     model.record_attention = True
     with torch.autocast(device_type=device, dtype=torch.bfloat16):
         guide = AttentionGuide(model.model)
-        loss, sites = elbo_terms(model.model, guide, *args, **kwargs)
+        loss, sites = elbo_terms(model.model, guide, *args, step=3, **kwargs)
         model_trace, _ = guide.get_traces()
     for name, (q, kl) in sites.items():
         assert q["infer"][SITE_INFO].phi.dtype == q["value"].dtype == kl.dtype == torch.float32, name
@@ -402,7 +449,7 @@ def test_bf16_autocast_keeps_the_kl_and_normalization_float32_and_finite(variant
 @cuda
 @pytest.mark.parametrize("config", [WC, LC], ids=["wc", "lc"])
 def test_dense_attention_trains_on_cuda(config):
-    model = to_device(dense_model(config), "cuda").train()
+    model = dense_model(config).to("cuda").train()
     x, valid, y = on("cuda", *dense_batch())
     loss = check_training_step(model, AttentionGuide(model.model), "cuda", x, valid, y=y)
     assert torch.isfinite(loss)
@@ -412,7 +459,7 @@ def test_dense_attention_trains_on_cuda(config):
 @cuda
 @pytest.mark.parametrize("conv", ["BayesianGATConv", "BayesianGATv2Conv", "BayesianTransformerConv"])
 def test_graph_attention_convs_train_on_cuda(conv):
-    model = to_device(graph_model(conv, WC), "cuda").train()
+    model = graph_model(conv, WC).to("cuda").train()
     x, edge_index, y, nodes = on("cuda", *graph_batch())
     loss = check_training_step(model, AttentionGuide(model.model), "cuda", x, edge_index, y=y, nodes=nodes)
     assert torch.isfinite(loss)

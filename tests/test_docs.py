@@ -28,7 +28,7 @@ EXAMPLE_CHAINS = {
     ("getting-started.md", "integrations/pyro.md"): lambda ns: ns["posterior"]["temperature"].shape == (10, 1),
     ("integrations/pyg.md",): lambda ns: ns["attention_draws"].shape[0] == 20 and ns["logits"].shape == (6, 3),
     ("integrations/transformers.md",): lambda ns: len(ns["attentions"]) == 6 and Path("bam-minilm").is_dir(),
-    ("scaling.md",): lambda ns: (ns["trainer"].state.global_step == int(ns["bam_model"].step) == 2
+    ("scaling.md",): lambda ns: (ns["trainer"].state.global_step == 2
                                  and Path("runs/trainer/config.json").is_file()),
     ("tasks/captioning-scores.md",): lambda ns: (set(ns["scores"]) == {"bleu1", "bleu2", "bleu3", "bleu4", "rouge_l", "cider"}
                                                    and 0 < ns["scores"]["bleu1"] <= 100),

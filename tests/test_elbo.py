@@ -16,7 +16,7 @@ import pyro.distributions as dist
 from bam_pyro import BamConfig, BamModel, ObjectiveConfig
 from bam_pyro.distributions import MeanWeibull
 from bam_pyro.elbo import AttentionMeanFieldELBO
-from bam_pyro import attention_map
+from bam_pyro.kl import summed
 from bam_pyro.kl import summed_kl_mean_weibull_gamma
 from bam_pyro import AttentionGuide
 from models.gat import build_node_classifier
@@ -40,15 +40,14 @@ def test_loss_is_negative_loglik_plus_annealed_kl_by_hand(reduction):
     x, edge_index, y = random_graph()
     objective = ObjectiveConfig(reduction=reduction, kl_weight=0.3, anneal_rate=0.1)
     model = build_node_classifier(x.size(1), 3, BamConfig("wc", k=1.5, beta=0.5), objective).eval()
-    model.step.fill_(7)
     guide = AttentionGuide(model.model)
     nodes = torch.arange(10)
 
     pyro.set_rng_seed(3)
-    loss = TraceMeanField_ELBO().differentiable_loss(model.model, guide, x, edge_index, y=y, nodes=nodes)
+    loss = TraceMeanField_ELBO().differentiable_loss(model.model, guide, x, edge_index, y=y, nodes=nodes, step=7)
 
     pyro.set_rng_seed(3)  # the same draws again, recorded in a trace
-    guide(x, edge_index, y=y, nodes=nodes)
+    guide(x, edge_index, y=y, nodes=nodes, step=7)
     model_trace, guide_trace = guide.get_traces()
     lam_t = 1 / (1 + math.exp(-7 * 0.1))
     kl_total = 0.0
@@ -84,13 +83,13 @@ def test_analytic_kl_path_is_taken_not_the_monte_carlo_fallback(monkeypatch):
         pyro.set_rng_seed(0)
         return TraceMeanField_ELBO().differentiable_loss(model.model, guide, x, edge_index, y=y).item()
 
-    monkeypatch.setitem(attention_map._SUMMED_KL, (MeanWeibull, Gamma), counting_kl)
+    monkeypatch.setattr(summed, "summed_kl_mean_weibull_gamma", counting_kl)
     analytic = loss()
     assert len(evaluated) == 2  # once per attention site, over all its entries
     edges = int((edge_index[0] != edge_index[1]).sum()) + x.size(0)  # self loops: one per node
     assert evaluated[0] == (edges, 8)  # every edge and head
 
-    monkeypatch.delitem(attention_map._SUMMED_KL, (MeanWeibull, Gamma))
+    monkeypatch.setattr(summed, "summed_kl_mean_weibull_gamma", summed.entrywise_summed_kl)
     assert loss() == pytest.approx(analytic, rel=1e-5)  # entry-wise KL, summed
 
     # Without the registrations Pyro silently falls back to a Monte Carlo estimate: the loss changes.
@@ -152,9 +151,8 @@ def test_model_runs_alone_at_the_papers_widest_lognormal_prior():
 def test_site_scale_is_annealing_times_weight_over_entries_and_sites():
     x, edge_index, y = random_graph()
     model = build_node_classifier(x.size(1), 3, BamConfig("wc"), ObjectiveConfig(kl_weight=2.0, anneal_rate=0.5))
-    model.step.fill_(3)
     guide = AttentionGuide(model.model)
-    guide(x, edge_index, y=y)
+    guide(x, edge_index, y=y, step=3)
     model_trace, guide_trace = guide.get_traces()
     lam = 1 / (1 + math.exp(-1.5))
     for name, heads in (("conv1.attention", 8), ("conv2.attention", 1)):

@@ -179,14 +179,13 @@ def test_guide_enumerated_elbo_equals_closed_form():
     lambda = kl_weight * sigmoid(t * rho); AlignmentELBO gives the same value and gradient."""
     objective = ObjectiveConfig(kl_weight=0.5, anneal_rate=0.3)
     model = build("va-enum", objective=objective)
-    model.step.fill_(4)
     batch = toy_batch()
     kl_weight = 0.5 / (1 + math.exp(-4 * 0.3))
     expected = variational_closed_form(model, batch, kl_weight)
     guide = guide_for(model)
-    loss = TraceEnum_ELBO(max_plate_nesting=2).differentiable_loss(model.model, guide, *batch)
+    loss = TraceEnum_ELBO(max_plate_nesting=2).differentiable_loss(model.model, guide, *batch, step=4)
     assert loss.item() == pytest.approx(expected.item(), abs=1e-5)
-    ours = AlignmentELBO().differentiable_loss(model.model, guide, *batch)
+    ours = AlignmentELBO().differentiable_loss(model.model, guide, *batch, step=4)
     assert ours.item() == pytest.approx(expected.item(), abs=1e-5)
     params = list(model.parameters())
     for a, b in zip(torch.autograd.grad(loss, params, allow_unused=True),
@@ -239,8 +238,7 @@ def test_relaxed_warm_start_is_the_jensen_bound_then_the_variational_guide():
     model = build("va-relaxed", objective=ObjectiveConfig(kl_weight=0.7))
     src, src_mask, tgt_in, tgt_mask, tgt_out = batch = toy_batch()
     guide, elbo = guide_for(model, warm_steps=2), elbo_for("va-relaxed")
-    model.step.fill_(1)
-    loss = elbo.differentiable_loss(model.model, guide, *batch)
+    loss = elbo.differentiable_loss(model.model, guide, *batch, step=1)
     _, guide_trace = guide.get_traces()
     z = guide_trace.nodes[ALIGNMENT]["value"]
     memory = model.network.encode(src, src_mask)
@@ -256,10 +254,9 @@ def test_relaxed_warm_start_is_the_jensen_bound_then_the_variational_guide():
     grads = torch.autograd.grad(loss, inference, allow_unused=True)
     assert all(g is None or torch.all(g == 0) for g in grads)
 
-    model.step.fill_(2)
-    assert not guide.warming
+    assert guide.warming(1) and not guide.warming(2)
     pyro.set_rng_seed(5)
-    loss = elbo.differentiable_loss(model.model, guide, *batch)
+    loss = elbo.differentiable_loss(model.model, guide, *batch, step=2)
     pyro.set_rng_seed(5)
     assert loss.item() == pytest.approx(elbo.differentiable_loss(model.model, guide_for(model), *batch).item())
     assert any(g is not None and torch.any(g != 0) for g in torch.autograd.grad(loss, inference, allow_unused=True))
@@ -482,11 +479,10 @@ def test_each_variant_learns_a_toy_copy_task(variant):
     optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
     with pyro.validation_enabled(False):
         for step in range(40):
-            loss = elbo.differentiable_loss(model.model, guide, *toy_batch(batch=32, seed=10 + step))
+            loss = elbo.differentiable_loss(model.model, guide, *toy_batch(batch=32, seed=10 + step), step=step)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            model.step += 1
     src, src_mask, tgt_in, tgt_mask, tgt_out = toy_batch(batch=64, seed=999)
     with torch.no_grad():
         predicted = model.eval().log_probs(src, src_mask, tgt_in, tgt_mask).argmax(-1)
@@ -573,21 +569,16 @@ def test_bad_input_errors_clearly():
         MaskedDirichlet(torch.ones(2, 3), torch.tensor([[True, True, False], [False, False, False]]))
 
 
-def test_a_warm_start_whose_step_stands_still_warns_and_one_that_is_over_does_not(recwarn):
-    """An SVI loop that never advances ``model.step`` would fit the Jensen bound forever: after
-    STALLED_STEP_READS training passes at one step inside the warm start, the model says so."""
-    from bam_pyro.model import STALLED_STEP_READS, StalledStepWarning
-
+def test_a_warm_start_refuses_a_training_pass_without_its_step():
+    """The warm start's phase is a schedule of the training step the loop passes: an SVI loop that
+    passes none would fit the Jensen bound forever, so the guide refuses, naming the argument;
+    outside training (no gradients) the warm start is over."""
     model = build("va-relaxed")
     model.train()
     batch = toy_batch()
     guide, elbo = guide_for(model, warm_steps=3), elbo_for("va-relaxed")
-    for _ in range(STALLED_STEP_READS - 1):
+    with pytest.raises(ValueError, match=r"Jensen warm start reads the training step: pass it, guide\(..., step=t\)"):
         elbo.differentiable_loss(model.model, guide, *batch)
-    assert not recwarn.list
-    with pytest.warns(StalledStepWarning, match="model.step at 0: va-relaxed's Jensen warm start stands still"):
+    elbo.differentiable_loss(model.model, guide, *batch, step=3)
+    with torch.no_grad():
         elbo.differentiable_loss(model.model, guide, *batch)
-    model.step.fill_(3)  # the warm start is over: nothing reads the step any more
-    for _ in range(STALLED_STEP_READS + 1):
-        elbo.differentiable_loss(model.model, guide, *batch)
-    assert not [w for w in recwarn.list if issubclass(w.category, StalledStepWarning)]

@@ -77,13 +77,11 @@ def test_refuses_what_it_cannot_do():
 
 def models(data: Data, reduction: str, input_nodes: torch.Tensor):
     """The same GAT as a full-graph NodeClassifier and as a SubgraphNodeClassifier, eval mode
-    (no dropout), at annealing step 3."""
+    (no dropout); their losses are taken at annealing step 3 (:func:`batch_loss`)."""
     objective = ObjectiveConfig(reduction=reduction, kl_weight=0.7, anneal_rate=0.2)
     network = GAT(data.num_features, 3, NEAR_DETERMINISTIC, hidden=4, heads=2).eval()
     full = NodeClassifier(network, objective)
     sub = SubgraphNodeClassifier(network, objective, FullGraph.of(data.edge_index, data.num_nodes, input_nodes, data.train_mask))
-    full.step.fill_(3)
-    sub.step.fill_(3)
     return full, sub
 
 
@@ -91,7 +89,7 @@ def batch_loss(model, batch: Data):
     seeds_labelled = batch.train_mask[:batch.batch_size].nonzero().flatten()
     return AttentionMeanFieldELBO().differentiable_loss(
         model.model, AttentionGuide(model.model), batch.x, batch.edge_index, y=batch.y, nodes=seeds_labelled,
-        num_seeds=batch.batch_size)
+        num_seeds=batch.batch_size, step=3)
 
 
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
@@ -109,7 +107,8 @@ def test_epoch_of_minibatch_elbos_is_the_full_graph_elbo(reduction, seed_nodes):
         expected = full_loss_of_rows(full, data, rows, sub.full_graph)
     else:
         expected = AttentionMeanFieldELBO().differentiable_loss(
-            full.model, AttentionGuide(full.model), data.x, data.edge_index, y=data.y, nodes=data.train_mask.nonzero().flatten())
+            full.model, AttentionGuide(full.model), data.x, data.edge_index, y=data.y, nodes=data.train_mask.nonzero().flatten(),
+            step=3)
     expected_grads = torch.autograd.grad(expected, list(full.parameters()))
 
     total = 0.0
@@ -130,7 +129,6 @@ def full_loss_of_rows(full: NodeClassifier, data: Data, rows: torch.Tensor, coun
     whole = Data(x=data.x[order], y=data.y[order], train_mask=data.train_mask[order],
                  edge_index=position[data.edge_index], batch_size=int(rows.sum()))
     sub = SubgraphNodeClassifier(full.network, full.objective, counts)
-    sub.step.fill_(int(full.step))
     return batch_loss(sub, whole)
 
 
@@ -139,14 +137,15 @@ def test_counting_every_row_of_the_subgraphs_is_biased():
     all_nodes = torch.arange(data.num_nodes)
     full, _ = models(data, "sum", all_nodes)
     expected = AttentionMeanFieldELBO().differentiable_loss(
-        full.model, AttentionGuide(full.model), data.x, data.edge_index, y=data.y, nodes=data.train_mask.nonzero().flatten())
+        full.model, AttentionGuide(full.model), data.x, data.edge_index, y=data.y, nodes=data.train_mask.nonzero().flatten(),
+            step=3)
     total = 0.0
     for batch in NeighborBatches(data, [-1, -1], batch_size=5):
         labelled = batch.train_mask[:batch.batch_size].nonzero().flatten()
         if labelled.numel() == 0:
             continue
         naive = AttentionMeanFieldELBO().differentiable_loss(
-            full.model, AttentionGuide(full.model), batch.x, batch.edge_index, y=batch.y, nodes=labelled)
+            full.model, AttentionGuide(full.model), batch.x, batch.edge_index, y=batch.y, nodes=labelled, step=3)
         total = total + float(naive.detach())
     assert abs(total - float(expected.detach())) > 0.05 * abs(float(expected.detach()))
 

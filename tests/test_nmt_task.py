@@ -268,7 +268,7 @@ def test_va_relaxed_fits_the_jensen_bound_for_its_first_epochs(toy_root, tmp_pat
     trainer = folder.trainers[-1]
     steps_per_epoch = data.train.num_batches(run.batch_size)
     assert trainer.guide.warm_steps == 2 * steps_per_epoch
-    assert int(trainer.model.step) == 3 * steps_per_epoch and not trainer.guide.warming
+    assert trainer.global_step == 3 * steps_per_epoch and not trainer.guide.warming(trainer.global_step)
     assert nmt.early_stopping(settings("va-relaxed", max_epochs=15)).start_epoch == 5  # no candidates before
     assert nmt.early_stopping(run).start_epoch == 2 and nmt.early_stopping(settings("soft")).start_epoch == 0
 

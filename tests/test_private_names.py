@@ -90,13 +90,22 @@ def test_predictive_vectorizes_draws_in_a_plate_of_that_name():
 
 
 def test_a_tensors_version_counts_in_place_writes_only():
-    """bam_pyro.pyg.gat_conv's cache of a feature matrix's nonzeros."""
+    """bam_pyro.pyg.gat_conv's cache of a feature matrix's nonzeros, bam_pyro.sites' per-keys cache."""
     x = torch.zeros(3)
     before = x._version
     x + 1
     assert x._version == before
     x.add_(1)
     assert x._version > before
+
+
+def test_a_views_base_is_the_tensor_it_was_made_of():
+    """bam_pyro.sites.AttentionSites.once_per_keys: keys are the same when they are the same view
+    (base, shape, strides, offset) of the same tensor; a view of a view has the first tensor as base."""
+    x = torch.randn(4, 6)
+    view = x[:, 2:].transpose(0, 1)
+    assert x._base is None and view._base is x and view[1:]._base is x
+    assert x.clone()._base is None and x.reshape(6, 4)._base is x
 
 
 def test_auto_classes_map_a_config_to_their_model_class():

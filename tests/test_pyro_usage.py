@@ -3,6 +3,7 @@ param store, the torch-optimizer path beside it, pickling, and other latent vari
 is an autoguide, combined with the attention guide in one network pass per step."""
 
 import io
+import math
 import pickle
 
 import pyro
@@ -15,7 +16,6 @@ from pyro.optim import ClippedAdam
 
 from bam_pyro import AttentionGuide, BamConfig, ObjectiveConfig
 from bam_pyro.elbo import AttentionMeanFieldELBO
-from bam_pyro.model import STALLED_STEP_READS, StalledStepWarning
 from bam_pyro.pyg import NodeClassifier
 from models.gat import GAT, build_node_classifier
 
@@ -169,29 +169,20 @@ def test_attention_guide_alone_draws_other_latent_sites_from_the_model():
     assert guide_trace.nodes["scale"]["fn"] is model_trace.nodes["scale"]["fn"]  # the prior itself
 
 
-def test_an_annealed_model_warns_when_the_loop_does_not_advance_its_step(recwarn):
-    """Pyro's SVI cannot advance ``model.step``; a loop that forgets it trains with lambda_t frozen,
-    so after STALLED_STEP_READS training reads of lambda_t at one step (one a model pass) the
-    model warns, once."""
+def test_an_annealed_model_refuses_a_training_pass_without_its_step():
+    """The loop passes the annealing step t (Pyro's SVI cannot know it): an annealed model trained
+    without it would train another objective, so it refuses, naming the argument. Prediction passes
+    (no gradients, or eval mode) and a model without annealing need no step."""
     x, edge_index, y = random_graph()
     torch.manual_seed(0)
-    annealed = build_node_classifier(12, 3, WC, ObjectiveConfig(anneal_rate=0.1), heads=2, hidden=8, dropout=0.0)
-    plain = small_model()  # no annealing: step means nothing to it
-    for model in (annealed, plain):
-        model.train()
-        for _ in range(STALLED_STEP_READS - 1):
-            model.model(x, edge_index, y=y)
-    assert not recwarn.list
-    with pytest.warns(StalledStepWarning, match=f"{STALLED_STEP_READS} training reads of model.step at 0: the KL annealing"):
+    annealed = build_node_classifier(12, 3, WC, ObjectiveConfig(anneal_rate=0.1), heads=2, hidden=8, dropout=0.0).train()
+    with pytest.raises(ValueError, match=r"anneals its KL weight \(anneal_rate=0.1\): pass the training step, model\(..., step=t\)"):
         annealed.model(x, edge_index, y=y)
-    for _ in range(STALLED_STEP_READS):  # the loop advances the step: no warning
-        annealed.step += 1
+    scales = [pyro.poutine.trace(annealed.model).get_trace(x, edge_index, y=y, step=t).nodes["conv2.attention"]["scale"]
+              for t in (0, 4)]
+    assert scales[1] / scales[0] == pytest.approx((1 / (1 + math.exp(-0.4))) / 0.5)
+    small_model().train().model(x, edge_index, y=y)  # no annealing: no step
+    with torch.no_grad():
         annealed.model(x, edge_index, y=y)
-        plain.model(x, edge_index, y=y)
-    with torch.no_grad():  # prediction passes (MC dropout in train mode) are no training
-        for _ in range(STALLED_STEP_READS):
-            annealed.model(x, edge_index, y=y)
-    annealed.eval()
-    for _ in range(STALLED_STEP_READS):
-        annealed.model(x, edge_index, y=y)
-    assert not [w for w in recwarn.list if issubclass(w.category, StalledStepWarning)]
+    annealed.eval().model(x, edge_index, y=y)
+    assert annealed.kl_scale(None) == 1.0

@@ -46,7 +46,7 @@ def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path):
     assert result.epochs == 10 and len(result.history) == 10
     finished, batches, evaluate = make_trainer(checkpoint)  # resuming a finished run trains no more
     assert finished.fit(batches, evaluate, max_epochs=10, progress=False).seconds >= result.seconds
-    assert int(resumed.model.step) == 10
+    assert resumed.global_step == 10
     for name, value in resumed.model.state_dict().items():
         assert torch.equal(value, uninterrupted[name]), name
     assert resumed.history == trainer.history
@@ -114,10 +114,32 @@ def test_resume_inside_an_epoch_matches_uninterrupted_run(tmp_path):
     torch.manual_seed(12345)
     resumed, batches, evaluate = shuffled_minibatch_trainer(checkpoint)
     resumed.fit(batches, evaluate, max_epochs=3, progress=False)
-    assert int(resumed.model.step) == 18
+    assert resumed.global_step == 18
     for name, value in resumed.model.state_dict().items():
         assert torch.equal(value, reference.model.state_dict()[name]), name
     assert resumed.history == reference.history  # the second epoch's loss averages all 6 steps
+
+
+def test_a_checkpoint_whose_model_kept_the_step_as_a_buffer_resumes_at_its_step(tmp_path):
+    """Checkpoints written while ``BamModel`` kept the annealing step as a buffer hold it in the
+    model's state dict (``model.step``) and no ``global_step``: the run resumes at that step (the
+    annealed KL weight of every later step depends on it), and ends bit-for-bit where the
+    uninterrupted run ends."""
+    reference, batches, evaluate = shuffled_minibatch_trainer()
+    reference.fit(batches, evaluate, max_epochs=3, progress=False)
+
+    checkpoint = tmp_path / "run.pt"
+    crashed, batches, evaluate = shuffled_minibatch_trainer(checkpoint, crash_after=9)
+    with pytest.raises(Crash):
+        crashed.fit(batches, evaluate, max_epochs=3, progress=False)
+    state = torch.load(checkpoint, weights_only=True)
+    state["model"]["step"] = torch.tensor(state.pop("global_step"))  # the earlier format
+    torch.save(state, checkpoint)
+    resumed, batches, evaluate = shuffled_minibatch_trainer(checkpoint)
+    resumed.fit(batches, evaluate, max_epochs=3, progress=False)
+    assert resumed.global_step == 18
+    for name, value in resumed.model.state_dict().items():
+        assert torch.equal(value, reference.model.state_dict()[name]), name
 
 
 def test_a_checkpoint_of_other_settings_is_refused_by_name(tmp_path):

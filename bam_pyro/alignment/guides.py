@@ -12,6 +12,7 @@ from pyro import poutine
 from pyro.poutine.enum_messenger import EnumMessenger
 from pyro.poutine.guide import GuideMessenger
 from pyro.poutine.runtime import _PYRO_STACK  # private: Pyro has no public way to ask whether enumeration is on (tests/test_private_names.py)
+import torch
 from torch import Tensor
 
 from ..validation import whole_number
@@ -65,11 +66,11 @@ class VariationalAlignmentGuide:
         self.model = model
 
     def __call__(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, tgt_mask: Tensor,
-                 tgt_out: Optional[Tensor] = None) -> Tensor:
+                 tgt_out: Optional[Tensor] = None, step: Optional[int] = None) -> Tensor:
         model = self.model
         q = variational_posterior(model, src, src_mask, tgt_mask, tgt_out)
         infer = {"enumerate": "parallel"} if model.spec.enumerate else {}
-        with model.target_plates(tgt_mask), poutine.scale(scale=model.kl_scale()):
+        with model.target_plates(tgt_mask), poutine.scale(scale=model.kl_scale(step)):
             return pyro.sample(ALIGNMENT, q, infer=infer)
 
 
@@ -79,9 +80,10 @@ class JensenWarmStart(GuideMessenger):
 
     Deng et al. (2018, section 3 and Algorithm 2) pretrain the relaxed model so: trained with the
     inference network from the start, the Dirichlet q and p drift to the centre of the simplex, where
-    the KL is small, and the alignments stay near uniform. The phase is read from the model's step
-    counter (saved with it), so a resumed run is in the phase it left. One forward pass of the model
-    serves both phases (q = p is the model's own distribution at its site).
+    the KL is small, and the alignments stay near uniform. The phase is read from the training step
+    that the loop passes to model and guide (``step=t``; ``SVITrainer`` saves it), so a resumed run is
+    in the phase it left; outside training (no ``step``) the warm start is over. One forward pass of
+    the model serves both phases (q = p is the model's own distribution at its site).
     """
 
     def __init__(self, model: LatentAlignmentModel, warm_steps: int) -> None:
@@ -92,18 +94,20 @@ class JensenWarmStart(GuideMessenger):
         super().__init__(model.model)
         self.alignment_model, self.warm_steps = model, warm_steps
 
-    @property
-    def warming(self) -> bool:
-        if int(self.alignment_model.step) >= self.warm_steps:  # over for good: the step no longer matters
+    def warming(self, step: Optional[int]) -> bool:
+        """Whether training step ``step`` is in the warm start (None: outside training, it is not)."""
+        if step is None:
+            model = self.alignment_model
+            if self.warm_steps and model.training and torch.is_grad_enabled():
+                raise ValueError("va-relaxed's Jensen warm start reads the training step: pass it, guide(..., step=t)")
             return False
-        self.alignment_model.read_step("va-relaxed's Jensen warm start")  # counted: a step that never moves warns
-        return True
+        return step < self.warm_steps
 
     def get_posterior(self, name: str, prior: dist.TorchDistribution) -> dist.TorchDistribution:
-        if name != ALIGNMENT or self.warming:
-            return prior
         args, kwargs = self.args_kwargs
         inputs = inspect.signature(self.alignment_model.model).bind(*args, **kwargs).arguments
+        if name != ALIGNMENT or self.warming(inputs.get("step")):
+            return prior
         return variational_posterior(self.alignment_model, inputs["src"], inputs["src_mask"], inputs["tgt_mask"],
                                      inputs.get("tgt_out"))
 

@@ -184,8 +184,9 @@ def masked_scores(scores: Tensor, source_mask: Tensor) -> Tensor:
 class LatentAlignmentModel(BamModel):
     """Pyro model of target sentences with a latent alignment per target token (see module doc).
 
-    ``model(src, src_mask, tgt_in, tgt_mask, tgt_out=None)``, all ``[B, S]`` / ``[B, T]`` with True at
-    real tokens in the masks; ``tgt_out`` observed when given. ``inference``: the network of the
+    ``model(src, src_mask, tgt_in, tgt_mask, tgt_out=None, step=None)``, all ``[B, S]`` / ``[B, T]`` with
+    True at real tokens in the masks; ``tgt_out`` observed when given; ``step``: the training step
+    of the KL annealing (:meth:`~bam_pyro.BamModel.kl_scale`). ``inference``: the network of the
     variational guide (``guides.alignment.InferenceNetwork`` in the translation task), required by the ``va-*`` variants;
     it is registered here so that one optimizer and one checkpoint hold both networks, and the model
     never calls it.
@@ -207,12 +208,12 @@ class LatentAlignmentModel(BamModel):
     # --- the Pyro model -----------------------------------------------------------------------
 
     def model(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, tgt_mask: Tensor,
-              tgt_out: Optional[Tensor] = None) -> Tensor:
+              tgt_out: Optional[Tensor] = None, step: Optional[int] = None) -> Tensor:
         self.register_parameters()  # Pyro's SVI trains the params a model declares (BamModel.model's rule)
         memory = self.network.encode(src, src_mask)
         steps = self.network.decoder_states(memory, tgt_in)
         alignment_logits = masked_scores(steps.scores, memory.mask.unsqueeze(-2))
-        kl_scale = self.kl_scale() if self.spec.has_kl else 1.0
+        kl_scale = self.kl_scale(step) if self.spec.has_kl else 1.0
         with self.target_plates(tgt_mask):
             if self.spec.relaxed:
                 prior = MaskedDirichlet(dirichlet_concentration(steps.scores), memory.mask.unsqueeze(-2))

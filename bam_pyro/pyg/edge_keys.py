@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import threading
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
@@ -13,6 +12,7 @@ from torch_geometric.utils import scatter
 from torch_geometric.utils import softmax as segment_softmax
 
 from ..host_reads import values_at_hand
+from ..pass_context import PassContext
 
 
 #: largest spread of values over all edges (per head) for which EdgeKeys.softmax shifts them by one
@@ -20,16 +20,8 @@ from ..host_reads import values_at_hand
 SHARED_SHIFT_RANGE = 80.0
 
 
-class _CountedRows(threading.local):
-    """The number of seed nodes of a sampled subgraph whose rows alone enter the KL (see
-    :func:`counted_rows`), per thread; a ``threading.local``, as the contexts of
-    :mod:`bam_pyro.sites`, because ``torch.compile`` traces it without a graph break (it stops at
-    ``ContextVar.get``)."""
-
-    num_seeds: Optional[int] = None
-
-
-_COUNTED_ROWS = _CountedRows()
+#: the number of seed nodes of a sampled subgraph whose rows alone enter the KL (:func:`counted_rows`)
+_COUNTED_ROWS: PassContext[Optional[int]] = PassContext(None)
 
 
 @contextmanager
@@ -38,11 +30,8 @@ def counted_rows(num_seeds: int) -> Iterator[None]:
     targets ``0 .. num_seeds - 1``, the seed nodes of a neighbour-sampled subgraph; the other rows
     are computed, and weight the messages, but are masked out of the sites (see
     :mod:`bam_pyro.pyg.minibatch`). Per thread: a forward pass in another thread is not affected."""
-    outer, _COUNTED_ROWS.num_seeds = _COUNTED_ROWS.num_seeds, num_seeds
-    try:
+    with _COUNTED_ROWS.entered(num_seeds):
         yield
-    finally:
-        _COUNTED_ROWS.num_seeds = outer
 
 
 class EdgeKeys:
@@ -61,7 +50,7 @@ class EdgeKeys:
             raise ValueError(f"edge_index must have shape [2, num_edges], got {tuple(edge_index.shape)}")
         self.source, self.target = edge_index[0], edge_index[1]
         self.num_nodes = num_nodes
-        num_seeds = _COUNTED_ROWS.num_seeds
+        num_seeds = _COUNTED_ROWS.current()
         if num_seeds is not None:  # [E, 1]: the rows of the seed nodes, every head
             self.mask = (self.target < num_seeds).unsqueeze(-1)
 

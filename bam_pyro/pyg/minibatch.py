@@ -100,9 +100,9 @@ class SubgraphNodeClassifier(NodeClassifier):
         self.full_graph = full_graph
 
     def model(self, x: Tensor, edge_index: Tensor, y: Optional[Tensor] = None, nodes: Optional[Tensor] = None,
-              num_seeds: Optional[int] = None) -> Any:
+              num_seeds: Optional[int] = None, step: Optional[int] = None) -> Any:
         if num_seeds is None:
-            return super().model(x, edge_index, y=y, nodes=nodes)
+            return super().model(x, edge_index, y=y, nodes=nodes, step=step)
         whole_number("num_seeds", num_seeds)
         if nodes is None:  # every seed labelled
             nodes = torch.arange(num_seeds, device=x.device)
@@ -113,7 +113,7 @@ class SubgraphNodeClassifier(NodeClassifier):
         else:
             scale = SubgraphScale(weight, lambda edges: weight)
         with counted_rows(num_seeds), scale:
-            return super().model(x, edge_index, y=y, nodes=nodes)
+            return super().model(x, edge_index, y=y, nodes=nodes, step=step)
 
     def likelihood(self, logits: Tensor, y: Optional[Tensor] = None, nodes: Optional[Tensor] = None) -> None:
         if nodes is not None and nodes.numel() == 0:

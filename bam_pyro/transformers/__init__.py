@@ -20,11 +20,10 @@ from .sequence import (  # noqa: E402
     count_attention_calls,
     resolve_pretrained,
 )
-from .trainer import AnnealingCallback, BamTrainer  # noqa: E402
+from .trainer import BamTrainer  # noqa: E402
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
-    "AnnealingCallback",
     "BAM_ATTRIBUTE",
     "BamTrainer",
     "DEFAULT_MODEL",

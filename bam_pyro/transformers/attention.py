@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import (AttentionMaskInterface, bidirectional_mask_function, causal_mask_function,
+                                        sdpa_mask)
 
 from ..axes import DenseKeys
 from .checkpointing import active_replay
@@ -23,6 +24,9 @@ from .checkpointing import active_replay
 ATTN_IMPLEMENTATION = "bam"
 #: attribute of an attention module that holds its Bayesian attention
 BAM_ATTRIBUTE = "bam_attention"
+#: attribute of a mask :func:`bam_mask` built, naming its kind: key padding or causal with key padding
+MASK_KIND = "bam_mask_kind"
+KEY_PADDING, CAUSAL = "key padding", "causal"
 
 
 class SequenceKeys(DenseKeys):
@@ -52,7 +56,7 @@ class SequenceKeys(DenseKeys):
         query_mask = None
         if mask is not None and mask.shape[-1] == mask.shape[-2]:
             first_row = mask[..., :1, :]
-            if bool((mask == first_row).all()):  # key padding
+            if is_key_padding(mask, first_row):
                 mask = first_row
                 if queries_are_keys:  # the padded positions are queries too
                     query_mask = first_row.transpose(-1, -2)
@@ -151,11 +155,20 @@ def fused_layout(mask: Optional[Tensor], num_queries: int, num_keys: int, querie
     None for any other mask (sliding windows, caches, custom masks): the materialized path runs it.
     Telling them apart reads the mask on the host; transformers passes one mask to every layer of
     a forward pass, so the layout of the last mask read is kept (while that tensor lives and is
-    not written to): one read per forward pass, not one per layer."""
+    not written to): one read per forward pass, not one per layer. A mask :func:`bam_mask` built
+    says its kind itself: no read."""
     global _last_layout
     if mask is None:
         return FusedLayout(None, None, False)
-    if torch.compiler.is_compiling() or mask.is_inference():  # an inference tensor has no version counter
+    if torch.compiler.is_compiling():
+        return _read_layout(mask, num_queries, num_keys, queries_are_keys)
+    kind = getattr(mask, MASK_KIND, None)
+    if kind == KEY_PADDING and mask.shape[-1] == num_keys:
+        key_mask = mask[..., :1, :]
+        return FusedLayout(key_mask, key_mask.transpose(-1, -2) if queries_are_keys and num_queries == num_keys else None, False)
+    if kind == CAUSAL and mask.shape[-1] == num_keys == num_queries:
+        return FusedLayout(mask[..., -1:, :], None, True)
+    if mask.is_inference():  # an inference tensor has no version counter
         return _read_layout(mask, num_queries, num_keys, queries_are_keys)
     call = (mask._version, num_queries, num_keys, queries_are_keys)
     last = _last_layout
@@ -166,7 +179,9 @@ def fused_layout(mask: Optional[Tensor], num_queries: int, num_keys: int, querie
     return layout
 
 
-#: (the mask, its version and the call's sizes, its layout) of the last mask read
+#: (the mask, its version and the call's sizes, its layout) of the last mask read. Process-wide and
+#: safe so: a hit needs that very tensor, unwritten since, with the same sizes, whose layout is the
+#: same in any pass or thread (and the tuple is replaced whole, never changed in place)
 _last_layout: Optional[tuple[weakref.ref, tuple, Optional[FusedLayout]]] = None
 
 
@@ -188,12 +203,31 @@ def _read_layout(mask: Tensor, num_queries: int, num_keys: int, queries_are_keys
     return None
 
 
+def is_key_padding(mask: Tensor, first_row: Tensor) -> bool:
+    """Whether a square mask ``[B, 1, L, L]`` is key padding (every row alike): its kind if
+    :func:`bam_mask` built it, else read from its values on the host."""
+    kind = None if torch.compiler.is_compiling() else getattr(mask, MASK_KIND, None)
+    if kind is not None:
+        return kind == KEY_PADDING
+    return bool((mask == first_row).all())
+
+
 def bam_mask(*args: Any, **kwargs: Any) -> Optional[Tensor]:
-    """transformers' sdpa mask (boolean, True = attend), always built for causal attention. sdpa
-    may return None for a causal mask without padding and leave causality to its kernel's
-    ``is_causal``; Bayesian attention reads None as "every key is valid", so the model would look
-    ahead. (None for bidirectional attention without padding is right and stays.)"""
-    return sdpa_mask(*args, **{**kwargs, "allow_is_causal_skip": False})
+    """transformers' sdpa mask (boolean, True = attend), always built. sdpa may return None for a
+    causal mask without padding and leave causality to its kernel's ``is_causal``; Bayesian attention
+    reads None as "every key is valid", so the model would look ahead. For bidirectional attention
+    without padding None would be right, but telling it reads the padding on the host.
+
+    A mask of transformers' plain bidirectional or causal function (no offset, no window, no
+    packed sequences) is marked with its kind (:data:`MASK_KIND`), so that the attention calls of
+    the pass need not read its values to tell key padding and causal masks from others."""
+    mask = sdpa_mask(*args, **{**kwargs, "allow_is_causal_skip": False, "allow_is_bidirectional_skip": False})
+    function = kwargs.get("mask_function")
+    plain = not args and not kwargs.get("q_offset") and not kwargs.get("kv_offset") and kwargs.get("local_size") is None
+    if mask is not None and plain and function in (bidirectional_mask_function, causal_mask_function) \
+            and not torch.compiler.is_compiling():
+        setattr(mask, MASK_KIND, KEY_PADDING if function is bidirectional_mask_function else CAUSAL)
+    return mask
 
 
 def register_bam_attention() -> None:

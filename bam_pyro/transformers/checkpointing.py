@@ -32,7 +32,6 @@ would have no gradient; :class:`BamCheckpoint` therefore checkpoints non-reentra
 from __future__ import annotations
 
 import functools
-import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -40,6 +39,8 @@ from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
+
+from ..pass_context import PassContext
 
 
 def _rng_state(device: torch.device) -> Tensor:
@@ -81,11 +82,10 @@ class AttentionReplay:
         """One run of the checkpointed function: records the first time, replays after."""
         replaying = self.recorded
         self.position = 0 if replaying else None
-        _REGIONS.stack.append(self)
         try:
-            yield
+            with _REGIONS.entered(self):
+                yield
         finally:
-            _REGIONS.stack.pop()
             for device, state in self._generators.items():
                 _set_rng_state(device, state)
             self._generators.clear()
@@ -121,17 +121,13 @@ class AttentionReplay:
         return weights.detach().requires_grad_(like.requires_grad)
 
 
-class _Regions(threading.local):
-    def __init__(self) -> None:
-        self.stack: list[AttentionReplay] = []
-
-
-_REGIONS = _Regions()
+#: the checkpointed regions running on this thread
+_REGIONS: PassContext[Optional[AttentionReplay]] = PassContext(None)
 
 
 def active_replay() -> Optional[AttentionReplay]:
     """The innermost checkpointed region running on this thread, or None."""
-    return _REGIONS.stack[-1] if _REGIONS.stack else None
+    return _REGIONS.current()
 
 
 class BamCheckpoint:

@@ -3,8 +3,8 @@
 ``Trainer`` computes a model's own loss from ``model(**inputs)``; a Bayesian attention model's loss
 is the ELBO, which needs the Pyro trace around that forward pass (each attention call is a sample
 site) and the annealing step ``t`` of ``lambda_t``. :class:`BamTrainer` overrides
-``Trainer.compute_loss`` (``compute_loss_func`` only sees the outputs, after the pass) and adds
-:class:`AnnealingCallback`, which sets ``BamModel.step`` to the Trainer's optimizer step. The forward
+``Trainer.compute_loss`` (``compute_loss_func`` only sees the outputs, after the pass) and passes
+the Trainer's optimizer step (``state.global_step``, which its checkpoints keep) as ``step=t``. The forward
 pass goes through the module the Trainer hands to ``compute_loss``, so accelerate's wrappers (DDP,
 FSDP, DeepSpeed, DataParallel) see it and synchronize the gradients as for any model; DDP is told
 that every parameter is used (:func:`ddp_arguments`).
@@ -19,7 +19,7 @@ from typing import Any, Iterator, Optional
 import torch
 from pyro.infer import ELBO
 from torch import Tensor, nn
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainingArguments
 
 from ..elbo import AttentionMeanFieldELBO
 from ..guide import AttentionGuide
@@ -28,21 +28,6 @@ from .sequence import SequenceNetwork
 
 #: batch keys the sequence network reads, in its argument order
 SEQUENCE_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-
-
-class AnnealingCallback(TrainerCallback):
-    """Keeps ``bam_model.step`` (the ``t`` of ``lambda_t = sigmoid(t * rho)``) equal to the Trainer's
-    optimizer step: at the start of training (0, or the step a resumed checkpoint reached) and after
-    every optimizer step (with gradient accumulation, once per accumulated batch)."""
-
-    def __init__(self, bam_model: BamModel) -> None:
-        self.bam_model = bam_model
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.bam_model.step.fill_(state.global_step)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.bam_model.step.fill_(state.global_step)
 
 
 class BamTrainer(Trainer):
@@ -72,8 +57,7 @@ class BamTrainer(Trainer):
             args = (ddp_arguments(args[0]), *args[1:])
         else:  # Trainer's own default when none are given, with DDP's search for unused parameters off
             kwargs["args"] = ddp_arguments(kwargs.get("args") or TrainingArguments(output_dir="tmp_trainer"))
-        callbacks = [*(kwargs.pop("callbacks", None) or []), AnnealingCallback(bam_model)]
-        super().__init__(bam_model.network.model, *args, callbacks=callbacks, **kwargs)
+        super().__init__(bam_model.network.model, *args, **kwargs)
         self.bam_model = bam_model
         self.guide = AttentionGuide(bam_model.model)
         self.elbo = AttentionMeanFieldELBO() if elbo is None else elbo
@@ -85,13 +69,15 @@ class BamTrainer(Trainer):
         return_outputs: bool = False,
         num_items_in_batch: Optional[Tensor] = None,
     ):
-        """The ELBO of one batch, its forward pass through ``model`` (the Trainer's wrapper of the
+        """The ELBO of one batch at the Trainer's optimizer step (with gradient accumulation, one
+        step per accumulated batch), its forward pass through ``model`` (the Trainer's wrapper of the
         transformers model, if any)."""
         if "labels" not in inputs:
             raise KeyError(f"BamTrainer needs 'labels' in every batch; got keys {sorted(inputs)}")
         args = tuple(inputs.get(name) for name in SEQUENCE_INPUTS)
         with forward_through(self.bam_model.network, model):
-            loss = self.elbo.differentiable_loss(self.bam_model.model, self.guide, *args, labels=inputs["labels"])
+            loss = self.elbo.differentiable_loss(self.bam_model.model, self.guide, *args, labels=inputs["labels"],
+                                                 step=self.state.global_step)
             if not return_outputs:
                 return loss
             with torch.no_grad():  # the posterior-mean logits, for evaluation and metrics

@@ -94,7 +94,6 @@ def _training_step(variant: str, model: str, layers: int, batch: int, length: in
     from bam_pyro.transformers import build_sequence_model
 
     pyro.enable_validation(False)
-    compile_noise(compiled_noise)
     seed_everything(0)
     config = BamConfig(variant=variant, k=k, beta=1e-2, d_mid=5)
     bam_model = build_sequence_model(_network(model, layers, length), 2, config, ObjectiveConfig()).to(device)
@@ -108,7 +107,12 @@ def _training_step(variant: str, model: str, layers: int, batch: int, length: in
     ids = torch.randint(1000, vocab, (batch, length), generator=generator)
     args = tuple(t.to(device) for t in (ids, torch.ones_like(ids), torch.zeros_like(ids)))
     labels = torch.randint(0, 2, (batch,), generator=generator).to(device)
-    return synchronized(device, lambda: trainer.step(*args, labels=labels))
+
+    def step() -> float:
+        with compile_noise(compiled_noise):
+            return trainer.step(*args, labels=labels)
+
+    return synchronized(device, step)
 
 
 def measure_time(model: str, layers: int, batch: int, length: int, steps: int, warmup: int, threads: int, k: float,
