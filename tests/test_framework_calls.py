@@ -173,6 +173,31 @@ def test_vectorized_particles_weigh_the_kl_of_a_transformers_model_as_one_partic
     assert losses[1] == pytest.approx(losses[0], rel=1e-4)
 
 
+class _FusedEncoder(torch.nn.Module):
+    """Two stacked dense layers on the fused path (need_weights=False)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lower, self.upper = (MultiHeadBayesianAttention(16, 4, WC) for _ in range(2))
+        self.head = torch.nn.Linear(16, 2)
+
+    def forward(self, x):
+        h, _ = self.lower(x, x, x, need_weights=False)
+        h, _ = self.upper(h, h, h, need_weights=False)
+        return self.head(h.mean(-2))
+
+
+def test_vectorized_prior_predictive_on_the_fused_path():
+    """Without a guide each fused site draws S from the prior; a layer above another's draws
+    carries their sample dims already, and must not get them a second time."""
+    dense = _SequenceClassifier(_FusedEncoder(), ObjectiveConfig()).eval()
+    draws = Predictive(dense.model, num_samples=3, parallel=True, return_sites=["y"])(torch.randn(4, 5, 16))
+    assert draws["y"].shape == (3, 4)
+    bert = build_sequence_model(tiny_bert(), 3, WC, ObjectiveConfig()).eval()
+    draws = Predictive(bert.model, num_samples=3, parallel=True, return_sites=["labels"])(*padded_batch())
+    assert draws["labels"].shape == (3, 3)
+
+
 # 4. Pyro's JIT ELBOs
 
 
