@@ -3,6 +3,7 @@ meaning their own library gives those calls: eval mode after conversion, the par
 and load, vectorized ``Predictive``, the JIT ELBOs, PyTorch's mask shapes and conventions."""
 
 import copy
+import re
 import subprocess
 import sys
 import textwrap
@@ -248,8 +249,12 @@ def test_key_padding_mask_keeps_its_old_meaning_and_warns_once(monkeypatch):
     x = torch.randn(2, 5, 32)
     valid = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
     expected, _ = attention(x, x, x, valid_keys=valid, valid_queries=valid)
-    with pytest.warns(FutureWarning, match=r"key_padding_mask.*True = valid.*opposite of torch\.nn\.MultiheadAttention.*valid_keys"):
+    with pytest.warns(FutureWarning) as record:
         old, _ = attention(x, x, x, key_padding_mask=valid, query_padding_mask=valid)
+    messages = [str(warning.message) for warning in record]
+    assert len(messages) == 2
+    assert re.match(r"key_padding_mask \(True = valid\).*opposite of torch\.nn\.MultiheadAttention.*valid_keys=$", messages[0])
+    assert re.match(r"query_padding_mask \(True = valid\).*valid_queries=$", messages[1])
     assert torch.equal(old, expected)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
