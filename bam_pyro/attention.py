@@ -82,6 +82,11 @@ class BayesianAttention(nn.Module):
         (only read by the contextual prior). Returns normalized weights shaped like ``scores``.
         Given :class:`DotProductInputs` instead (from :meth:`attend`), returns the fused path's output."""
         refuse_data_parallel_replica(self)
+        if self.config.stochastic and torch.jit.is_tracing():
+            raise RuntimeError(
+                "Bayesian attention does not run under torch.jit.trace (Pyro's JitTrace_ELBO, JitTraceMeanField_ELBO): "
+                "it decides per call on the host (masks, normalization), which a trace would freeze; use "
+                "TraceMeanField_ELBO or bam_pyro.elbo.AttentionMeanFieldELBO, and torch.compile for speed")
         if isinstance(scores, DotProductInputs):
             return self._fused(scores, keys)
         if not self.config.stochastic or self._predicts_mean():

@@ -174,7 +174,10 @@ class FusedPrior(_FusedSite):
     def sample(self, sample_shape: torch.Size = torch.Size()) -> Tensor:
         with torch.no_grad():
             prior = self.call.maps()[1]
-        return prior.sample(sample_shape + self.batch_shape)
+        # the map may carry the call's sample dims already (a layer above another's draws): only the dims
+        # of the site's batch that it lacks are drawn on its left
+        shape = torch.broadcast_shapes(self.batch_shape, prior.batch_shape)
+        return prior.sample(sample_shape + shape[: len(shape) - len(prior.batch_shape)])
 
     def log_prob(self, value: Tensor) -> Tensor:
         """log p of the map (given, or regenerated from the guide's seed): a full map."""

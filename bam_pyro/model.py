@@ -43,6 +43,8 @@ annealed model without ``step`` raises; outside training the weight is its limit
 
 from __future__ import annotations
 
+import functools
+import weakref
 from typing import Any, Optional
 
 import pyro
@@ -59,6 +61,32 @@ from .sites import attention_sites
 #: key of a site's ``infer`` dict that marks it a target of the model (declared by ``observe``):
 #: unobserved, it is predicted from the model, never given a posterior of its own
 TARGET = "bam_target"
+
+#: the parameters :meth:`BamModel.register_parameters` put in the param store (modules' own
+#: tensors, by id, while they live), told apart from values loaded into the store
+_MODULE_PARAMETERS: dict[int, weakref.ref] = {}
+
+
+def _forget(key: int, _: weakref.ref) -> None:
+    _MODULE_PARAMETERS.pop(key, None)
+
+
+def _is_module_parameter(tensor: Tensor) -> bool:
+    known = _MODULE_PARAMETERS.get(id(tensor))
+    return known is not None and known() is tensor
+
+
+def _restore(full_name: str, param: nn.Parameter, stored: Tensor) -> None:
+    """Copy a param store value into a module's parameter (``ValueError`` naming both shapes if it
+    cannot be this parameter's value)."""
+    if stored.shape != param.shape:
+        raise ValueError(
+            f"the param store's {full_name!r} has shape {tuple(stored.shape)}, the model's parameter "
+            f"{tuple(param.shape)}: load a store saved from this model, or call pyro.clear_param_store() first"
+        )
+    with torch.no_grad():
+        param.copy_(stored)
+
 
 class BamModel(nn.Module):
     """Base class of the Pyro models of every task.
@@ -123,16 +151,24 @@ class BamModel(nn.Module):
         Pyro's ``SVI`` optimizes the params a model declares, so without this ``SVI`` with a
         ``pyro.optim`` optimizer would train nothing. The param store holds the module's own
         tensors: the module stays their owner (``state_dict``, a ``torch.optim`` optimizer on
-        :meth:`parameters`). An entry of the same name that is not this model's (an earlier model
-        of the same ``pyro_name``) is replaced; ``pyro.module`` would keep it, and ``SVI`` would
-        then train the earlier model's tensors while this one computes with its own."""
+        :meth:`parameters`). An entry of the same name that came from elsewhere (Pyro's
+        ``get_param_store().load``, ``set_state``, or the user's ``pyro.param``) is a value to
+        restore: it is copied into the module first, as ``pyro.module(..., update_module_params=True)``
+        does, so that a saved param store brings the trained model back. An entry that is another
+        model's own tensor (an earlier model of the same ``pyro_name`` in this process) is replaced
+        instead; ``pyro.module`` would keep it, and ``SVI`` would then train the earlier model's
+        tensors while this one computes with its own."""
         store = pyro.get_param_store()
         for name, param in self.named_parameters():
             if not param.requires_grad:
                 continue
             full_name = param_with_module_name(self.pyro_name, name)
-            if full_name in store and store[full_name] is not param:
+            stored = store[full_name] if full_name in store else param
+            if stored is not param:
+                if not _is_module_parameter(stored):
+                    _restore(full_name, param, stored)
                 del store[full_name]
+            _MODULE_PARAMETERS[id(param)] = weakref.ref(param, functools.partial(_forget, id(param)))
             pyro.param(full_name, param)
 
     def __getstate__(self) -> dict:

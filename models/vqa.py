@@ -127,7 +127,7 @@ class AttentionSublayer(nn.Module):
 
     def forward(self, x: Tensor, context: Tensor, context_mask: Optional[Tensor],
                 query_mask: Optional[Tensor] = None) -> Tensor:
-        out, _ = self.attention(x, context, context, key_padding_mask=context_mask, query_padding_mask=query_mask)
+        out, _ = self.attention(x, context, context, valid_keys=context_mask, valid_queries=query_mask)
         return self.norm(x + self.dropout(out))
 
 

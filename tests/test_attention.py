@@ -112,10 +112,10 @@ def test_padding_changes_nothing_in_dense_module_outputs():
     attn = MultiHeadBayesianAttention(d_model=12, num_heads=3, config=BamConfig("wc"), score="scaled_dot").eval()
     x = torch.randn(1, 5, 12)
     valid = torch.tensor([[True, True, True, False, False]])
-    out, w = attn(x, x, x, key_padding_mask=valid)
+    out, w = attn(x, x, x, valid_keys=valid)
     x2 = x.clone()
     x2[:, 3:] = torch.randn(1, 2, 12) * 100  # garbage in the padded positions
-    out2, _ = attn(x2, x2, x2, key_padding_mask=valid)
+    out2, _ = attn(x2, x2, x2, valid_keys=valid)
     assert torch.allclose(out[:, :3], out2[:, :3], atol=1e-5)
     assert (w[..., 3:] == 0).all()
 
@@ -167,7 +167,7 @@ class _PooledClassifier(torch.nn.Module):
         self.head = torch.nn.Linear(8, 2)
 
     def forward(self, x, valid):
-        h, weights = self.attention(x, x, x, key_padding_mask=valid)
+        h, weights = self.attention(x, x, x, valid_keys=valid)
         self.weights = weights
         return self.head(h.mean(-2))
 
@@ -415,7 +415,7 @@ def test_padded_queries_carry_no_kl_and_do_not_count_in_the_site():
     def site_kl(inputs, keys_valid, queries_valid=None):
         def model():
             with attention_sites():
-                layer(inputs, inputs, inputs, key_padding_mask=keys_valid, query_padding_mask=queries_valid)
+                layer(inputs, inputs, inputs, valid_keys=keys_valid, valid_queries=queries_valid)
 
         guide = AttentionGuide(model)
         guide()
@@ -430,8 +430,8 @@ def test_padded_queries_carry_no_kl_and_do_not_count_in_the_site():
     weights = axis.softmax(torch.randn(2, 2, 5, 5))  # padded rows still normalize over valid keys
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, 2, 5))
     assert torch.all(weights[0, :, :, 3:] == 0)
-    with pytest.raises(ValueError, match="query_padding_mask has 4 queries"):
-        layer(x, x, x, query_padding_mask=valid[:, :4])
+    with pytest.raises(ValueError, match=r"^valid_queries of shape \(\d+, 4\) does not fit query"):
+        layer(x, x, x, valid_queries=valid[:, :4])
 
 
 def test_a_key_mask_shared_by_the_batch_counts_the_valid_entries_of_every_sequence():

@@ -42,7 +42,7 @@ def dense_call(config: BamConfig):
     valid[2] = False  # an empty sequence
 
     def call(x, valid):
-        return attention(x, x, x, key_padding_mask=valid, query_padding_mask=valid)[0]
+        return attention(x, x, x, valid_keys=valid, valid_queries=valid)[0]
 
     return attention, call, (x, valid)
 

@@ -106,7 +106,7 @@ class DenseEncoder(nn.Module):
         self.head = nn.Linear(d_model, 3)
 
     def forward(self, x, valid):
-        h, _ = self.attention(x, x, x, key_padding_mask=valid, query_padding_mask=valid)
+        h, _ = self.attention(x, x, x, valid_keys=valid, valid_queries=valid)
         return self.head(h.mean(-2))
 
 
@@ -386,7 +386,7 @@ def test_float64_inputs_give_float64_sites_weights_and_kl(config):
     for q, kl in sites.values():
         assert q["value"].dtype == q["infer"][SITE_INFO].phi.dtype == kl.dtype == torch.float64
     model.eval()
-    _, weights = model.network.attention(x, x, x, key_padding_mask=valid)
+    _, weights = model.network.attention(x, x, x, valid_keys=valid)
     assert weights.dtype == torch.float64
 
 
@@ -397,7 +397,7 @@ def test_bfloat16_inputs_give_bfloat16_weights_with_a_float32_site(make):
         model = dense_model(WC, torch.bfloat16)
         x, valid, y = dense_batch(torch.bfloat16)
         args, kwargs = (x, valid), {"y": y}
-        weights = lambda: model.network.attention(x, x, x, key_padding_mask=valid)[1]  # noqa: E731
+        weights = lambda: model.network.attention(x, x, x, valid_keys=valid)[1]  # noqa: E731
     else:
         model = graph_model("BayesianGATConv", WC).to(torch.bfloat16)
         x, edge_index, y, nodes = graph_batch(torch.bfloat16)

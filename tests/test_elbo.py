@@ -184,9 +184,9 @@ class _Encoder(torch.nn.Module):
         self.head = torch.nn.Linear(d_model, 2)
 
     def forward(self, x, valid):
-        h, _ = self.attn(x, x, x, key_padding_mask=valid)
+        h, _ = self.attn(x, x, x, valid_keys=valid)
         for layer in self.upper:
-            h, _ = layer(h, h, h, key_padding_mask=valid)
+            h, _ = layer(h, h, h, valid_keys=valid)
         return self.head(h.mean(-2))
 
 

@@ -69,8 +69,8 @@ def test_wrong_shapes_are_named():
     with pytest.raises(TypeError, match="attention mask must be boolean"):
         DenseKeys(torch.ones(1, 1, 1, 4))
     attn = MultiHeadBayesianAttention(8, 2, BamConfig("wc"))
-    with pytest.raises(ValueError, match="key_padding_mask has 3 keys, key has 4"):
-        attn(torch.randn(1, 4, 8), torch.randn(1, 4, 8), torch.randn(1, 4, 8), key_padding_mask=torch.ones(1, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"^valid_keys of shape \(1, 3\) does not fit key of shape \(1, 4, 8\): expected \[1, 4\] or \[4\]"):
+        attn(torch.randn(1, 4, 8), torch.randn(1, 4, 8), torch.randn(1, 4, 8), valid_keys=torch.ones(1, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match="not divisible"):
         MultiHeadBayesianAttention(10, 3, BamConfig("wc"))
 
@@ -164,13 +164,13 @@ def test_attention_constructors_name_bad_arguments():
             build()
 
 
-def test_a_mask_that_does_not_broadcast_names_both_shapes():
+def test_a_mask_that_does_not_fit_names_itself_and_the_shape_expected():
     attn = MultiHeadBayesianAttention(8, 2, BamConfig("wc"))
     x = torch.randn(2, 4, 8)
-    with pytest.raises(ValueError, match=r"key_padding_mask of shape \(3, 4\) does not broadcast to key's batch \(2,\)"):
-        attn(x, x, x, key_padding_mask=torch.ones(3, 4, dtype=torch.bool))
-    with pytest.raises(ValueError, match=r"query_padding_mask of shape \(3, 4\) does not broadcast to query's batch \(2,\)"):
-        attn(x, x, x, query_padding_mask=torch.ones(3, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"^valid_keys of shape \(3, 4\) does not fit key of shape \(2, 4, \d+\): expected \[2, 4\] or \[4\]"):
+        attn(x, x, x, valid_keys=torch.ones(3, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"^valid_queries of shape \(3, 4\) does not fit query of shape \(2, 4, \d+\): expected \[2, 4\] or \[4\]"):
+        attn(x, x, x, valid_queries=torch.ones(3, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"attention mask of shape \(3, 1, 1, 4\) does not broadcast to the batch \(2,\)"):
         DenseKeys(torch.ones(3, 1, 1, 4, dtype=torch.bool), batch_shape=torch.Size([2]))
     with pytest.raises(ValueError, match=r"attention mask of shape \(3, 1, 1, 4\) and query_mask of shape \(2, 1, 4, 1\)"):
@@ -186,7 +186,7 @@ def test_a_query_with_every_key_masked_gets_zero_weights_and_no_kl(variant):
     x = torch.randn(2, 4, 8)
     valid = torch.tensor([[True, True, True, False], [False] * 4])
     for training in (False, True):
-        out, weights = layer.train(training)(x, x, x, key_padding_mask=valid)
+        out, weights = layer.train(training)(x, x, x, valid_keys=valid)
         assert torch.all(weights[1] == 0) and torch.allclose(weights[0].sum(-1), torch.ones(2, 4))
     out.pow(2).sum().backward()  # and the gradients stay finite
     assert all(torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)
@@ -198,7 +198,7 @@ def test_a_query_with_every_key_masked_gets_zero_weights_and_no_kl(variant):
 
         def model():
             with attention_sites():
-                found["weights"] = layer(inputs, inputs, inputs, key_padding_mask=keys_valid)[1]
+                found["weights"] = layer(inputs, inputs, inputs, valid_keys=keys_valid)[1]
 
         guide = AttentionGuide(model)
         guide()

@@ -164,8 +164,8 @@ def test_eval_mode_is_sdpa(mask_kind):
     if mask_kind == "padding":
         valid = torch.ones(2, 6, dtype=torch.bool)
         valid[1, 4:] = False
-    fused_out, none = attn(x, x, x, key_padding_mask=valid, need_weights=False)
-    materialized_out, weights = attn(x, x, x, key_padding_mask=valid)
+    fused_out, none = attn(x, x, x, valid_keys=valid, need_weights=False)
+    materialized_out, weights = attn(x, x, x, valid_keys=valid)
     assert none is None and weights is not None
     torch.testing.assert_close(fused_out, materialized_out)
     heads = lambda t: t.unflatten(-1, (2, 4)).transpose(1, 2)  # noqa: E731
@@ -187,7 +187,7 @@ def pooled_classifier(config, fused_path):
             self.head = torch.nn.Linear(8, 2)
 
         def forward(self, x, valid):
-            h, _ = self.attention(x, x, x, key_padding_mask=valid, need_weights=not fused_path)
+            h, _ = self.attention(x, x, x, valid_keys=valid, need_weights=not fused_path)
             return self.head(h.mean(-2))
 
     class Model(BamModel):

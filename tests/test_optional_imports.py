@@ -59,7 +59,7 @@ DENSE_STEP = textwrap.dedent(
             self.head = torch.nn.Linear(8, 2)
 
         def forward(self, x, valid):
-            h, _ = self.attention(x, x, x, key_padding_mask=valid)
+            h, _ = self.attention(x, x, x, valid_keys=valid)
             return self.head(h.mean(-2))
 
     class Classifier(BamModel):

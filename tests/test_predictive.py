@@ -126,7 +126,7 @@ def test_a_model_of_integer_inputs_draws_its_noise_per_draw_too():
 
         def forward(self, ids, valid):
             x = self.embedding(ids)
-            return self.head(self.attention(x, x, x, key_padding_mask=valid)[0].mean(-2))
+            return self.head(self.attention(x, x, x, valid_keys=valid)[0].mean(-2))
 
     class Classifier(BamModel):
         def likelihood(self, logits, y=None):

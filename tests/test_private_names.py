@@ -137,3 +137,18 @@ def test_checkpointed_layers_run_their_gradient_checkpointing_func():
     network.train()
     network(torch.tensor([[1, 2, 3]])).last_hidden_state.sum().backward()
     assert len(layers) == 2 and len(calls) == 2
+
+
+def test_output_capturing_collects_the_attention_maps_it_is_asked_for():
+    """bam_pyro.transformers.attention.maps_requested: GPT-2 takes ``output_attentions`` off before
+    its attention modules run; the collector says the maps are wanted."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.utils.output_capturing import _active_collector
+
+    seen = []
+    config = transformers.GPT2Config(vocab_size=20, n_embd=8, n_layer=1, n_head=2)
+    network = transformers.GPT2Model(config).eval()
+    network.h[0].attn.register_forward_pre_hook(lambda *_: seen.append(_active_collector.get()))
+    network(torch.tensor([[1, 2, 3]]), output_attentions=True)
+    network(torch.tensor([[1, 2, 3]]))
+    assert "attentions" in seen[0] and "attentions" not in (seen[1] or {})

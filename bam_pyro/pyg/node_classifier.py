@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import pyro.distributions as dist
 import torch
 from torch import Tensor
 
+from ..host_reads import value_checks_enabled
 from ..model import BamModel
 
 
 class NodeClassifier(BamModel):
     """Pyro model for transductive node classification: labels of the chosen nodes are observed.
 
-    ``model(x, edge_index, y=None, nodes=idx)``: ``y ~ Categorical(logits[nodes])``.
+    ``model(x, edge_index, y=None, nodes=idx)``: ``y ~ Categorical(logits[nodes])``. A graph given
+    as node features and an edge index is checked first (:func:`validate_graph`, as
+    :func:`~bam_pyro.host_reads.value_checks_enabled` allows): an edge to a node that does not
+    exist is an error naming it, not an index error deep in the network.
     """
+
+    def model(self, x: Any, edge_index: Any, *args: Any, **targets: Any) -> Any:
+        dense_graph = isinstance(x, Tensor) and isinstance(edge_index, Tensor) and edge_index.layout == torch.strided
+        if dense_graph and value_checks_enabled(edge_index):
+            validate_graph(x[(0,) * (x.dim() - 2)], edge_index)  # sample dims (predictive_draws) repeat the features
+        return super().model(x, edge_index, *args, **targets)
 
     def likelihood(self, logits: Tensor, y: Optional[Tensor] = None, nodes: Optional[Tensor] = None) -> None:
         logits = self.align_to_plate(logits, ndim=2)

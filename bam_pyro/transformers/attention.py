@@ -16,9 +16,11 @@ from torch import Tensor, nn
 from transformers import AttentionInterface
 from transformers.masking_utils import (AttentionMaskInterface, bidirectional_mask_function, causal_mask_function,
                                         sdpa_mask)
+from transformers.utils.output_capturing import _active_collector
 
 from ..axes import DenseKeys
 from .checkpointing import active_replay
+from .folding import SampleFold, active_fold
 
 #: the ``attn_implementation`` name of Bayesian attention
 ATTN_IMPLEMENTATION = "bam"
@@ -63,6 +65,8 @@ class SequenceKeys(DenseKeys):
         super().__init__(mask, batch_shape=torch.Size([batch_size]), query_mask=query_mask)
 
 
+#: keys of transformers' output capturing that collect attention maps
+CAPTURED_MAPS = ("attentions", "cross_attentions")
 #: keyword arguments of transformers' attention functions that change how scores become weights in
 #: ways Bayesian attention does not implement: refused rather than ignored
 UNSUPPORTED_ARGUMENTS = {"s_aux": "attention sinks", "sinks": "attention sinks", "sink_scale": "attention sinks"}
@@ -107,14 +111,20 @@ def bam_attention_forward(
             raise NotImplementedError(f"{type(module).__name__} passes {name}= ({feature}), which Bayesian attention does not implement")
     if scaling is None:
         scaling = query.size(-1) ** -0.5
-    if key.size(1) != query.size(1):  # grouped-query attention: each key/value head serves a group of query heads
-        groups = query.size(1) // key.size(1)
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    keys = key.transpose(1, 2)
     queries_are_keys = not getattr(module, "is_decoder", False)
-    replay = active_replay() if bam.config.stochastic else None
     layout = fused_layout(attention_mask, query.size(-2), key.size(-2), queries_are_keys)
-    wants_weights = bool(kwargs.get("output_attentions"))
+    fold = active_fold()
+    if fold is not None:  # draws folded into the batch (folding.py): sample dims ahead of [B, H, L, d] from here on
+        query, key, value = fold.unfold(query), fold.unfold(key), fold.unfold(value)
+        attention_mask, position_bias = fold.first_draw(attention_mask), fold.first_draw(position_bias)
+        if layout is not None:
+            layout = FusedLayout(fold.first_draw(layout.key_mask), fold.first_draw(layout.query_mask), layout.causal)
+    if key.size(-3) != query.size(-3):  # grouped-query attention: each key/value head serves a group of query heads
+        groups = query.size(-3) // key.size(-3)
+        key, value = key.repeat_interleave(groups, dim=-3), value.repeat_interleave(groups, dim=-3)
+    keys = key.transpose(-3, -2)
+    replay = active_replay() if bam.config.stochastic else None
+    wants_weights = maps_requested(kwargs)
     if softcap is None and position_bias is None and layout is not None and not wants_weights and bam.uses_fused_path():
         # the fused path: no attention map; the weights are not returned (as with sdpa)
         def attend() -> Tensor:
@@ -123,20 +133,36 @@ def bam_attention_forward(
                               dropout=dropout if module.training else 0.0)
 
         output = attend() if replay is None else replay.attend(attend, query, query.shape[:-1] + value.shape[-1:])
-        return output.transpose(1, 2).contiguous(), None
+        return _refolded(fold, output.transpose(-3, -2).contiguous()), None
     scores = torch.matmul(query * scaling, key.transpose(-1, -2))  # scaled before: 4x fewer entries
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
     if position_bias is not None:
         scores = scores + position_bias
     # cross-attention modules are decoder modules; a decoder's self-attention is causal, never key padding
-    axis = SequenceKeys(attention_mask, query.size(0), queries_are_keys=queries_are_keys)
+    axis = SequenceKeys(attention_mask, query.size(-4), queries_are_keys=queries_are_keys)
     if replay is None:
         weights = bam(scores, keys, axis)
     else:  # inside a checkpointed layer: drawn once, replayed by the recomputation
         weights = replay.attend(lambda: bam(scores, keys, axis), scores, scores.shape)
     output = torch.matmul(F.dropout(weights, p=dropout, training=module.training), value)
-    return output.transpose(1, 2).contiguous(), weights
+    return _refolded(fold, output.transpose(-3, -2).contiguous()), _refolded(fold, weights)
+
+
+def _refolded(fold: Optional[SampleFold], value: Tensor) -> Tensor:
+    """``value`` back in transformers' ``[draws * B, ...]`` layout if the draws were unfolded."""
+    return value if fold is None else value.flatten(0, len(fold.sample_shape))
+
+
+def maps_requested(kwargs: dict[str, Any]) -> bool:
+    """Whether the caller asks for the attention maps: ``output_attentions=True`` passed down to the
+    attention function (BERT), or transformers' output capturing collecting them (GPT-2's forward
+    takes the flag off before its attention modules run; its ``capture_outputs`` hooks then record
+    what each module returns)."""
+    if kwargs.get("output_attentions"):
+        return True
+    collecting = _active_collector.get()  # private: no public view of what the capture collects (tests/test_private_names.py)
+    return bool(collecting) and any(key in collecting for key in CAPTURED_MAPS)
 
 
 class FusedLayout(NamedTuple):

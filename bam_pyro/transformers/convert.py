@@ -85,7 +85,7 @@ def attach_bayesian_attention(model: PreTrainedModel, config: BamConfig) -> None
     for module in model.modules():
         geometry = _head_geometry(module)
         if geometry is not None:
-            attention = BayesianAttention(config, *geometry)
+            attention = BayesianAttention(config, *geometry).train(module.training)  # the model's mode, kept
             weight = next(module.parameters(), None)  # a model already on its device gets its priors there
             setattr(module, BAM_ATTRIBUTE, attention if weight is None else attention.to(weight.device))
             found += 1
@@ -111,7 +111,9 @@ def to_bam(model: PreTrainedModel, config: BamConfig) -> PreTrainedModel:
     """Turn every attention module of ``model`` into Bayesian attention, in place, and return it.
 
     ``variant="soft"`` is allowed (plain softmax through the same code path), which is useful to
-    check the integration; for soft finetuning leave the model unconverted. ``save_pretrained``
+    check the integration; for soft finetuning leave the model unconverted. The model keeps its
+    mode: one in eval mode (as ``from_pretrained`` returns it) predicts with the posterior mean,
+    one in training mode samples. ``save_pretrained``
     then saves the prior networks and ``config``; :func:`from_pretrained` loads the model back.
     """
     if getattr(model.config, "bam", None) is not None:

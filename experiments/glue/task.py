@@ -97,15 +97,15 @@ def predict(network: torch.nn.Module, data: Encoded, batch_size: int, collator) 
 def posterior_probs(bam_model: BamModel, data: Encoded, batch_size: int, collator, draws: int) -> tuple[np.ndarray, np.ndarray]:
     """Class probabilities ``[draws, n, classes]`` of posterior draws
     (:func:`bam_pyro.predictive.predictive_draws`: eval mode, every attention drawn from q, no
-    dropout), and the labels. transformers' modules cannot carry the extra sample dimension of
-    Pyro's vectorized ``Predictive``, so each draw is one pass (chunks of one draw). A network
-    without stochastic attention (soft) is a point mass: two draws, the fewest the metrics take."""
+    dropout), and the labels; the draws of a batch run as one pass, folded into the batch
+    (:mod:`bam_pyro.transformers.folding`). A network without stochastic attention (soft) is a
+    point mass: two draws, the fewest the metrics take."""
     stochastic = any(isinstance(m, BayesianAttention) and m.config.stochastic for m in bam_model.network.modules())
     device = model_device(bam_model)
     samples, labels = [], []
     for args, targets in batches(data, 4 * batch_size, collator, shuffle=False):
         args = tuple(arg.to(device) for arg in args)
-        samples.append(predictive_draws(bam_model, args, draws if stochastic else 2, chunk_size=1).probs)
+        samples.append(predictive_draws(bam_model, args, draws if stochastic else 2).probs)
         labels.append(targets["labels"])
     return torch.cat(samples, dim=1).cpu().numpy(), torch.cat(labels).cpu().numpy()
 
