@@ -112,7 +112,27 @@ def reliability(probs, labels, bins: int = 15) -> Reliability:
 
 
 def expected_calibration_error(probs, labels, bins: int = 15) -> float:
+    """ECE over ``bins`` equal-width confidence bins (:func:`reliability`)."""
     return reliability(probs, labels, bins).ece
+
+
+def adaptive_calibration_error(probs, labels, bins: int = 15) -> float:
+    """ECE over ``bins`` equal-mass bins (adaptive ECE, Nixon et al., 2019): items sorted by
+    confidence and split into bins of sizes that differ by at most one, so that no bin is empty
+    and confident models are not judged on a handful of bins near 1."""
+    if bins < 1:
+        raise ValueError(f"bins must be >= 1, got {bins}")
+    p = check_probs(probs)
+    correct = (p.argmax(-1) == _labels(labels, p)).reshape(-1).astype(float)
+    conf = p.max(-1).reshape(-1)
+    order = np.argsort(conf, kind="stable")
+    gaps = [abs(correct[b].mean() - conf[b].mean()) * b.size for b in np.array_split(order, bins) if b.size]
+    return float(sum(gaps) / conf.size)
+
+
+def max_probability(probs) -> np.ndarray:
+    """The top probability of each distribution: the confidence of soft attention's usual score."""
+    return check_probs(probs).max(-1)
 
 
 def entropy(probs) -> np.ndarray:

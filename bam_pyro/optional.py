@@ -14,6 +14,7 @@ EXTRAS = {
     "xarray": "diagnostics",
     "pandas": "diagnostics",
     "scipy": "diagnostics",
+    "sklearn": "diagnostics",
     "matplotlib": "diagnostics",
 }
 
