@@ -34,7 +34,7 @@ EXAMPLE_CHAINS = {
                                                    and 0 < ns["scores"]["bleu1"] <= 100),
     ("integrations/alignment.md",): lambda ns: (set(ns["losses"]) == {"exact", "hard", "hard-enum"}
                                                 and all(0 < loss < 5 for loss in ns["losses"].values())
-                                                and int(ns["model"].step) == 3),
+                                                and ns["t"] == 2),
 }
 # ``python -m experiments.X ...`` (or ``torchrun ... -m``) in a code block or span: the module and what follows it
 COMMAND = re.compile(r"(?:^|\s)-m\s+((?:experiments|analysis)(?:\.\w+)+)((?:[ \t]+[^\s#`|;&<>]+)*)")

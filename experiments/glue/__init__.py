@@ -8,4 +8,5 @@ FOLDER = TaskFolder(
                           ("--steps", "5", "--warmup", "1", PRETRAINED), 25),),
     check_runs=(CheckRun("glue", ("--task", "rte", "--max-train", "1600", "--epochs", "1", "--draws", "0", PRETRAINED, DATA_ROOT),
                          35),),
+    publishes=True,
 )

@@ -8,4 +8,5 @@ FOLDER = TaskFolder(
                           ("--steps", "5", "--warmup", "1", "--train-images", "500"), 25, ("easy_vqa",)),),
     check_runs=(CheckRun("vqa", ("--max-epochs", "1", "--train-images", "1000", "--test-images", "200", "--samples", "0"), 30,
                          ("easy_vqa",)),),
+    publishes=True,
 )
