@@ -13,6 +13,7 @@ from pathlib import Path
 import pyro
 import pytest
 import torch
+from pyro import poutine
 from pyro.infer import JitTrace_ELBO, JitTraceMeanField_ELBO, Predictive, TraceMeanField_ELBO
 from transformers import BertConfig, BertForSequenceClassification
 
@@ -159,6 +160,35 @@ def test_predictive_draws_of_a_transformers_model_at_the_default_chunk_size(fuse
             mean = bam_model.eval().network(ids, mask).softmax(-1)
         assert torch.allclose(draws.probs, mean.expand(6, 3, 3), atol=1e-4) != varies
         assert torch.allclose(draws.probs[0], draws.probs[1]) != varies
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("num_samples", [1, 4])
+def test_each_vectorized_draw_is_the_model_given_that_draws_attention(fused, num_samples):
+    """Every draw of a vectorized pass (folded into the batch) gives the logits of the model run
+    alone on that draw's attention values (the fused path's seeds, the materialized path's S): no
+    draw or batch row mixed with another, no axis of the attention output misplaced. Predictive's
+    plate of one draw counts too: GLUE's draws, taken one per pass, once came out as noise."""
+    from bam_pyro.attention import set_fused
+    from bam_pyro.predictive import attention_site_names
+
+    bam_model = set_fused(build_sequence_model(tiny_bert(), 3, WC, ObjectiveConfig()), fused).eval()
+    ids, mask = padded_batch()
+
+    def program(ids, mask):
+        pyro.deterministic("logits", bam_model.model(ids, mask), event_dim=2)
+
+    with torch.no_grad():
+        trace = Predictive(AttentionGuide(program), num_samples=num_samples, parallel=True).get_vectorized_trace(ids, mask)
+        drawn = trace.nodes["logits"]["value"].reshape(num_samples, 3, 3)
+        sites = attention_site_names(bam_model)
+        assert len(sites) == 2 and all(name in trace.nodes for name in sites)
+        for j in range(num_samples):  # the values carry Predictive's plate and the data plate's slot: [draws, 1, ...]
+            given = {name: trace.nodes[name]["value"][j, 0] for name in sites}
+            alone = poutine.condition(bam_model.model, data=given)(ids, mask)
+            torch.testing.assert_close(drawn[j], alone, atol=1e-5, rtol=1e-5)
+        mean = bam_model.network(ids, mask)
+    assert (drawn - mean).abs().max() > 1e-3  # k = 10: the draws are not the posterior mean
 
 
 def test_vectorized_particles_weigh_the_kl_of_a_transformers_model_as_one_particle():

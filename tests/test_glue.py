@@ -158,6 +158,32 @@ def test_posterior_probs_vary_for_bam_only():
         assert 0 <= uncertainty_report(samples, labels)["pavpu@0.05"] <= 100
 
 
+def test_posterior_draws_of_nearly_deterministic_attention_are_the_posterior_mean_prediction():
+    """At k = 1e6 every draw of q is its mean, so the draws the uncertainty metrics read must give
+    the probabilities of the point prediction that the task's accuracy reads, item by item. The
+    committed BAM-WC records of b2b41b9 (k = 1000) failed this: their draws scored NLL log 2 beside
+    an accuracy equal to soft's (the fused path's output scrambled under Predictive's plate)."""
+    from scipy.special import softmax
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from bam_pyro import BamConfig, ObjectiveConfig
+    from bam_pyro.transformers import build_sequence_model
+    from experiments.glue.task import posterior_probs, predict
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                        initializer_range=0.3)  # outputs that attention moves
+    lengths = [5, 7, 3, 6, 7]
+    data = Encoded([[5 + (3 * i + j) % 50 for j in range(n)] for i, n in enumerate(lengths)], [[0] * n for n in lengths],
+                   torch.tensor([0, 1, 1, 0, 1]))
+    model = build_sequence_model(BertForSequenceClassification(config), 2, BamConfig("wc", k=1e6), ObjectiveConfig())
+    outputs, labels = predict(model.network, data, 2, collator())
+    samples, drawn_labels = posterior_probs(model, data, 2, collator(), draws=3)
+    assert drawn_labels.tolist() == labels.tolist()
+    assert np.abs(softmax(outputs, -1) - 0.5).max() > 0.05  # a prediction that is not a coin
+    np.testing.assert_allclose(samples, np.broadcast_to(softmax(outputs, -1), samples.shape), atol=1e-4)
+
+
 def test_training_epochs_are_shuffled_differently_and_reproducibly(monkeypatch, tmp_path, tiny_bert_folder):
     """The training batches' order per epoch, read off the batches the task's train draws."""
     import experiments.glue.task as glue
