@@ -98,25 +98,36 @@ def shuffled_minibatch_trainer(checkpoint=None, crash_after=None):
     return trainer, batches, evaluate
 
 
-def test_resume_inside_an_epoch_matches_uninterrupted_run(tmp_path):
-    """Killed after the 9th step (3 into the second epoch), the resumed run rebuilds the epoch's
-    shuffle from the RNG state it began with, skips the 3 batches done and ends bit-for-bit where
-    the uninterrupted run ends; the checkpoint reads back with weights_only=True."""
+def trained_and_crashed_after_nine_steps(tmp_path):
+    """An uninterrupted 3-epoch run, and the checkpoint of the same run killed after its 9th step."""
     reference, batches, evaluate = shuffled_minibatch_trainer()
     reference.fit(batches, evaluate, max_epochs=3, progress=False)
-
     checkpoint = tmp_path / "run.pt"
     crashed, batches, evaluate = shuffled_minibatch_trainer(checkpoint, crash_after=9)
     with pytest.raises(Crash):
         crashed.fit(batches, evaluate, max_epochs=3, progress=False)
-    state = torch.load(checkpoint, weights_only=True)
-    assert (state["epoch"], state["step_in_epoch"], len(state["epoch_losses"])) == (1, 3, 3)
-    torch.manual_seed(12345)
+    return reference, checkpoint
+
+
+def resumed_to_the_end(reference, checkpoint):
+    """The run resumed from ``checkpoint``, checked to end bit-for-bit where ``reference`` ends."""
     resumed, batches, evaluate = shuffled_minibatch_trainer(checkpoint)
     resumed.fit(batches, evaluate, max_epochs=3, progress=False)
     assert resumed.global_step == 18
     for name, value in resumed.model.state_dict().items():
         assert torch.equal(value, reference.model.state_dict()[name]), name
+    return resumed
+
+
+def test_resume_inside_an_epoch_matches_uninterrupted_run(tmp_path):
+    """Killed after the 9th step (3 into the second epoch), the resumed run rebuilds the epoch's
+    shuffle from the RNG state it began with, skips the 3 batches done and ends bit-for-bit where
+    the uninterrupted run ends; the checkpoint reads back with weights_only=True."""
+    reference, checkpoint = trained_and_crashed_after_nine_steps(tmp_path)
+    state = torch.load(checkpoint, weights_only=True)
+    assert (state["epoch"], state["step_in_epoch"], len(state["epoch_losses"])) == (1, 3, 3)
+    torch.manual_seed(12345)
+    resumed = resumed_to_the_end(reference, checkpoint)
     assert resumed.history == reference.history  # the second epoch's loss averages all 6 steps
 
 
@@ -125,21 +136,11 @@ def test_a_checkpoint_whose_model_kept_the_step_as_a_buffer_resumes_at_its_step(
     model's state dict (``model.step``) and no ``global_step``: the run resumes at that step (the
     annealed KL weight of every later step depends on it), and ends bit-for-bit where the
     uninterrupted run ends."""
-    reference, batches, evaluate = shuffled_minibatch_trainer()
-    reference.fit(batches, evaluate, max_epochs=3, progress=False)
-
-    checkpoint = tmp_path / "run.pt"
-    crashed, batches, evaluate = shuffled_minibatch_trainer(checkpoint, crash_after=9)
-    with pytest.raises(Crash):
-        crashed.fit(batches, evaluate, max_epochs=3, progress=False)
+    reference, checkpoint = trained_and_crashed_after_nine_steps(tmp_path)
     state = torch.load(checkpoint, weights_only=True)
     state["model"]["step"] = torch.tensor(state.pop("global_step"))  # the earlier format
     torch.save(state, checkpoint)
-    resumed, batches, evaluate = shuffled_minibatch_trainer(checkpoint)
-    resumed.fit(batches, evaluate, max_epochs=3, progress=False)
-    assert resumed.global_step == 18
-    for name, value in resumed.model.state_dict().items():
-        assert torch.equal(value, reference.model.state_dict()[name]), name
+    resumed_to_the_end(reference, checkpoint)
 
 
 def test_a_checkpoint_of_other_settings_is_refused_by_name(tmp_path):
