@@ -7,12 +7,12 @@ Each finished run folder gets ``shift.npz`` (written atomically), holding per ev
 the labels, the deterministic logits (soft attention; BAM's posterior mean) and, per sampling mode
 of :mod:`experiments.gat.uncertainty` (``mc_dropout`` for soft runs, ``attention`` and
 ``attention_dropout`` for BAM runs), the mean of ``--samples`` draws of the class probabilities and
-the mean of the draws' entropies (with the mean's entropy, the mutual information). The validation
-nodes' logits and labels are saved too, for temperature scaling. The sets: ``id``, the test nodes
+their mutual information with the draw (computed in float64). The validation nodes' logits and
+labels are saved too, for temperature scaling. The sets: ``id``, the test nodes
 (of the kept classes); with ``--left-out``, ``ood``, the left-out classes' test nodes; without,
 ``flip<p>``, the test nodes with their words flipped at each strength of
-:data:`~experiments.gat.shift.FLIP_STRENGTHS`. Probabilities and logits are float16, to keep the
-committed files small; readers renormalize.
+:data:`~experiments.gat.shift.FLIP_STRENGTHS`. Arrays are float32 (labels int8): the draws
+themselves are not kept, so that the committed files stay small.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from bam_pyro.metrics import entropy
+from bam_pyro.metrics import mutual_information
 from bam_pyro.predictive import predictive_draws
 from bam_pyro.training import seed_everything
 from experiments.gat.shift import FLIP_STRENGTHS, flip_features
@@ -42,8 +42,13 @@ def flip_set(p: float) -> str:
     return f"flip{p:g}"
 
 
+def evaluation_set_names(left_out: int) -> list[str]:
+    """The evaluation sets of a run trained with ``left_out`` classes hidden (module doc)."""
+    return ["id", "ood"] if left_out else ["id", *map(flip_set, FLIP_STRENGTHS)]
+
+
 def evaluation_sets(data, left_out: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Per set name, the node features to run on and the nodes to score (module doc)."""
+    """Per set name (:func:`evaluation_set_names`), the node features to run on and the nodes to score."""
     test = data.test_mask.nonzero().flatten()
     sets = {"id": (data.x, test)}
     if left_out:
@@ -59,11 +64,11 @@ def shift_arrays(run_dir: Path, data_root: Optional[str], samples: int = SAMPLES
     arrays = {}
     with torch.no_grad():
         val = data.val_mask.nonzero().flatten()
-        arrays["val.logits"] = model.network(data.x, data.edge_index)[val].half().numpy()
+        arrays["val.logits"] = model.network(data.x, data.edge_index)[val].numpy()
         arrays["val.labels"] = data.y[val].numpy().astype(np.int8)
         for name, (x, nodes) in evaluation_sets(data, settings.left_out).items():
             arrays[f"{name}.labels"] = data.y[nodes].numpy().astype(np.int8)
-            arrays[f"{name}.logits"] = model.network(x, data.edge_index)[nodes].half().numpy()
+            arrays[f"{name}.logits"] = model.network(x, data.edge_index)[nodes].numpy()
             for mode in modes_for(model):
                 dropout = "dropout" in mode
                 seed_everything(settings.seed)
@@ -71,8 +76,8 @@ def shift_arrays(run_dir: Path, data_root: Optional[str], samples: int = SAMPLES
                                          chunk_size=settings.dropout_chunk if dropout else settings.chunk)
                 probs = draws.probs[:, nodes].double()
                 probs = (probs / probs.sum(-1, keepdim=True)).numpy()
-                arrays[f"{name}.{mode}.probs"] = probs.mean(0).astype(np.float16)
-                arrays[f"{name}.{mode}.expected_entropy"] = entropy(probs).mean(0).astype(np.float16)
+                arrays[f"{name}.{mode}.probs"] = probs.mean(0).astype(np.float32)
+                arrays[f"{name}.{mode}.mutual_info"] = mutual_information(probs).astype(np.float32)
     return arrays
 
 
