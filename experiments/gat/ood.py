@@ -4,15 +4,16 @@ nodes, saved for the uncertainty-under-shift tables (:mod:`experiments.gat.shift
     python -m experiments.gat.ood runs/graph-shift/runs/* runs/graph-left-out/runs/* --data-root DATA
 
 Each finished run folder gets ``shift.npz`` (written atomically), holding per evaluation set:
-the labels, the deterministic logits (soft attention; BAM's posterior mean) and, per sampling mode
+the labels, soft runs' deterministic logits and, per sampling mode
 of :mod:`experiments.gat.uncertainty` (``mc_dropout`` for soft runs, ``attention`` and
 ``attention_dropout`` for BAM runs), the mean of ``--samples`` draws of the class probabilities and
-their mutual information with the draw (computed in float64). The validation nodes' logits and
-labels are saved too, for temperature scaling. The sets: ``id``, the test nodes
+their mutual information with the draw (computed in float64 from the draws). Soft runs also save
+the validation nodes' logits and labels, for temperature scaling. The sets: ``id``, the test nodes
 (of the kept classes); with ``--left-out``, ``ood``, the left-out classes' test nodes; without,
 ``flip<p>``, the test nodes with their words flipped at each strength of
-:data:`~experiments.gat.shift.FLIP_STRENGTHS`. Arrays are float32 (labels int8): the draws
-themselves are not kept, so that the committed files stay small.
+:data:`~experiments.gat.shift.FLIP_STRENGTHS`. The draws themselves are not kept, and
+probabilities and logits are float16 (readers renormalize; the mutual information is float32), so
+that the committed files stay small.
 """
 
 from __future__ import annotations
@@ -61,22 +62,26 @@ def evaluation_sets(data, left_out: int) -> dict[str, tuple[torch.Tensor, torch.
 def shift_arrays(run_dir: Path, data_root: Optional[str], samples: int = SAMPLES) -> dict[str, np.ndarray]:
     """What ``shift.npz`` holds for the finished run in ``run_dir`` (module doc)."""
     settings, (data, _, _), model = load_trained(TASK, run_dir, data_root)
+    modes = modes_for(model)
+    deterministic = modes == ["mc_dropout"]
     arrays = {}
     with torch.no_grad():
-        val = data.val_mask.nonzero().flatten()
-        arrays["val.logits"] = model.network(data.x, data.edge_index)[val].numpy()
-        arrays["val.labels"] = data.y[val].numpy().astype(np.int8)
+        if deterministic:
+            val = data.val_mask.nonzero().flatten()
+            arrays["val.logits"] = model.network(data.x, data.edge_index)[val].half().numpy()
+            arrays["val.labels"] = data.y[val].numpy().astype(np.int8)
         for name, (x, nodes) in evaluation_sets(data, settings.left_out).items():
             arrays[f"{name}.labels"] = data.y[nodes].numpy().astype(np.int8)
-            arrays[f"{name}.logits"] = model.network(x, data.edge_index)[nodes].numpy()
-            for mode in modes_for(model):
+            if deterministic:
+                arrays[f"{name}.logits"] = model.network(x, data.edge_index)[nodes].half().numpy()
+            for mode in modes:
                 dropout = "dropout" in mode
                 seed_everything(settings.seed)
                 draws = predictive_draws(model, (x, data.edge_index), samples, dropout=dropout,
                                          chunk_size=settings.dropout_chunk if dropout else settings.chunk)
                 probs = draws.probs[:, nodes].double()
                 probs = (probs / probs.sum(-1, keepdim=True)).numpy()
-                arrays[f"{name}.{mode}.probs"] = probs.mean(0).astype(np.float32)
+                arrays[f"{name}.{mode}.probs"] = probs.mean(0).astype(np.float16)
                 arrays[f"{name}.{mode}.mutual_info"] = mutual_information(probs).astype(np.float32)
     return arrays
 
