@@ -181,6 +181,8 @@ def paired_table(metrics: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     """Per data set, BAM method and baseline: the paired difference (same seed) of each of
     ``columns`` under :data:`PAIRED_SCORE`, mean ± std and 95% interval."""
     runs = metrics[metrics["score"] == PAIRED_SCORE].rename(columns={"method": "variant"})
+    if not runs["variant"].isin(METHODS[4:]).any():  # no BAM run yet: the table's header alone
+        return pd.DataFrame(columns=["dataset", "method", "baseline", "n", *columns])
     parts = []
     for baseline in BASELINES:
         kept = runs[runs["variant"].isin([baseline, *METHODS[4:]])]
