@@ -2,6 +2,7 @@
 
     python -m experiments.results gat                  # results/gat, results/graph -> docs/results
     python -m experiments.results gat --add gat=runs/gat --add graph=runs/graph   # take new runs first
+    python -m experiments.results gat --add graph-shift=runs/graph-shift           # runs with shift.npz (experiments.gat.ood)
     python -m experiments.results captioning --add captioning=runs/captioning      # Table 3 layout
     python -m experiments.results bench                # results/bench -> docs/results/bench_<bench>.md
 
