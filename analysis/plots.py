@@ -15,6 +15,7 @@ import pandas as pd  # noqa: E402
 import xarray as xr  # noqa: E402
 
 from bam_pyro.metrics import Reliability  # noqa: E402
+from bam_pyro.shift import RiskCoverage  # noqa: E402
 
 
 def save_figure(fig, path: Path, dpi: int = 120, colors: Optional[int] = None) -> Path:
@@ -42,6 +43,18 @@ def reliability_diagram(curves: dict[str, Reliability], path: Path, title: str =
         ax.plot(r.confidence[filled], r.accuracy[filled], marker="o", ms=3, label=f"{name} (ECE {100 * r.ece:.1f}%)")
     ax.set(xlabel="confidence", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1), title=title)
     ax.legend(loc="lower right", fontsize=8)
+    return save_figure(fig, path)
+
+
+def risk_coverage_curves(curves: dict[str, RiskCoverage], path: Path, title: str = "") -> Path:
+    """Selective risk against coverage, one line per model, AURC in the legend: lower is better,
+    and the curve's right end is the error rate of answering everything."""
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for name, curve in curves.items():
+        ax.plot(curve.coverage, 100 * curve.risk, lw=1.2, label=f"{name} (AURC {100 * curve.aurc:.1f})")
+    ax.set(xlabel="coverage", ylabel="risk (% errors among the kept)", xlim=(0, 1), title=title)
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper left", fontsize=7)
     return save_figure(fig, path)
 
 

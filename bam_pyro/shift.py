@@ -16,6 +16,10 @@ entropy or mutual information of posterior draws (:mod:`bam_pyro.metrics`), or `
   depend on the order the items came in.
 
 ``correct`` may be fractional (VQA's soft accuracy); the risk of an item is ``1 - correct``.
+
+**Temperature scaling** (Guo et al., 2017), the usual post-hoc fix of a deterministic network's
+confidence, divides the logits by one temperature fitted on held-out labels
+(:func:`fit_temperature`); it changes confidence, never the predicted class.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 from .metrics import _array
 from .optional import require
@@ -125,3 +131,27 @@ def risk_coverage(scores, correct) -> RiskCoverage:
     expected = np.repeat(run_mean, sizes)
     kept = np.arange(1, s.size + 1)
     return RiskCoverage(coverage=kept / s.size, risk=np.cumsum(expected) / kept)
+
+
+def fit_temperature(logits, labels, max_iter: int = 100) -> float:
+    """The temperature ``T > 0`` whose ``softmax(logits / T)`` has the least negative log-likelihood
+    of ``labels`` (held-out items: a validation split), by L-BFGS on ``log T`` from ``T = 1``."""
+    z = torch.as_tensor(_array(logits))
+    y = torch.as_tensor(np.asarray(labels)).long()
+    if z.ndim != 2 or z.shape[1] < 2 or y.shape != z.shape[:1]:
+        raise ValueError(f"expected logits [items, classes >= 2] and one label per item, got {tuple(z.shape)} and {tuple(y.shape)}")
+    if not torch.isfinite(z).all():
+        raise ValueError("logits must be finite")
+    if (y < 0).any() or (y >= z.shape[1]).any():
+        raise ValueError(f"labels must be integers in [0, {z.shape[1]})")
+    log_t = torch.zeros((), dtype=z.dtype, requires_grad=True)
+    optimizer = torch.optim.LBFGS([log_t], lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(z / log_t.exp(), y)
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    return float(log_t.detach().exp())

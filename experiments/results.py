@@ -2,6 +2,7 @@
 
     python -m experiments.results gat                  # results/gat, results/graph -> docs/results
     python -m experiments.results gat --add gat=runs/gat --add graph=runs/graph   # take new runs first
+    python -m experiments.results gat --add graph-shift=runs/graph-shift           # runs with shift.npz (experiments.gat.ood)
     python -m experiments.results captioning --add captioning=runs/captioning      # Table 3 layout
     python -m experiments.results bench                # results/bench -> docs/results/bench_<bench>.md
 
@@ -68,9 +69,10 @@ def load_results(task: Task, folder: Path) -> pd.DataFrame:
     return in_task_order(results, task)
 
 
-def table_markdown(task: Task, spec: Table, results: pd.DataFrame) -> str:
-    """The Markdown of one published table, with a comment naming its command and records."""
-    tables = task_tables(task, results)
+def table_markdown(task: Task, spec: Table, results: pd.DataFrame, folder: Optional[RunFolder] = None) -> str:
+    """The Markdown of one published table, with a comment naming its command and records
+    (``folder``: the records' folder, which a table of the runs' saved files reads)."""
+    tables = spec.tables(results, folder) if spec.tables else task_tables(task, results)
     if spec.name not in tables:
         raise ValueError(f"task {task.name!r} makes no table {spec.name!r} of results/{spec.source} (it makes {sorted(tables)})")
     table = in_task_order(tables[spec.name], task)
@@ -96,7 +98,7 @@ def build(name: str, records: Path = RECORDS, out: Path = DOCS) -> list[Path]:
         for spec in PUBLISHED[name]:
             if isinstance(spec, Table):
                 path = staging / spec.file
-                path.write_text(table_markdown(task, spec, results[spec.source]))
+                path.write_text(table_markdown(task, spec, results[spec.source], RunFolder(records / spec.source)))
                 drawn.append(path)
             else:
                 drawn += spec.draw(task, results[spec.source], RunFolder(records / spec.source), staging / spec.file)

@@ -9,7 +9,7 @@ import torch
 from torchmetrics.classification import BinaryAUROC, BinaryAveragePrecision, MulticlassCalibrationError
 
 from bam_pyro.metrics import adaptive_calibration_error, expected_calibration_error, max_probability
-from bam_pyro.shift import fpr_at_tpr, ood_detection, risk_coverage
+from bam_pyro.shift import fit_temperature, fpr_at_tpr, ood_detection, risk_coverage
 
 
 def test_a_score_that_cannot_separate_gives_auroc_one_half_and_a_perfect_one_gives_one():
@@ -118,3 +118,14 @@ def test_ece_equals_torchmetrics():
     ours = expected_calibration_error(probs, labels, bins=10)
     theirs = MulticlassCalibrationError(num_classes=4, n_bins=10, norm="l1")(torch.tensor(probs), torch.tensor(labels))
     assert ours == pytest.approx(theirs.item(), abs=1e-6)
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.5])
+def test_temperature_fit_recovers_a_known_temperature(temperature):
+    generator = torch.Generator().manual_seed(0)
+    logits = 3 * torch.randn(20000, 5, generator=generator)
+    labels = torch.distributions.Categorical(logits=logits / temperature).sample().numpy()
+    assert fit_temperature(logits.numpy(), labels) == pytest.approx(temperature, rel=0.05)
+    assert fit_temperature(logits.numpy() / temperature, labels) == pytest.approx(1.0, rel=0.05)
+    with pytest.raises(ValueError, match="labels must be integers"):
+        fit_temperature(logits.numpy(), labels + 5)

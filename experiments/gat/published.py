@@ -1,5 +1,7 @@
 """What the GAT task publishes to the docs: the accuracy and uncertainty tables, the paired runs,
-the training curves and the reliability diagrams (``python -m experiments.results gat``)."""
+the training curves and the reliability diagrams (``python -m experiments.results gat``), and the
+uncertainty-under-shift tables and figures of :mod:`experiments.gat.shift_tables` (word flips:
+``results/graph-shift``; left-out classes: ``results/graph-left-out``)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.plots import reliability_diagram
+from experiments.gat.shift_tables import reliability_figures as shift_reliability_figures
+from experiments.gat.shift_tables import risk_coverage_figures, shift_tables
 from experiments.gat.uncertainty import long_format, reliability_curves
 from experiments.records import RunFolder
 from experiments.runner import Task
@@ -32,4 +36,7 @@ PUBLISHED = (
     Figure("gat_paired.png", "gat", paired_figure),
     Figure("gat_curves.png", "gat", curves_figure),
     Figure("gat_reliability.png", "graph", reliability_figures),
+    *(Table(f"gat_shift_{name}.md", "graph-shift", name, tables=shift_tables) for name in ("detection", "calibration", "paired")),
+    Figure("gat_shift_risk_coverage.png", "graph-shift", risk_coverage_figures),
+    Figure("gat_shift_reliability.png", "graph-shift", shift_reliability_figures),
 )

@@ -25,6 +25,7 @@ from bam_pyro import AttentionGuide
 from bam_pyro.training import EarlyStopping, seed_everything
 from experiments.gat.uncertainty import attention_diagnostics, draw_figures, score_modes, uncertainty_table
 from experiments.gat.planetoid import NAMES, load_planetoid
+from experiments.gat.shift import leave_out_classes
 from experiments.runner import RunContext, RunSettings, Task, paired_table, positive, require, run_cli
 from bam_pyro.pyg import FullGraph, NeighborBatches, NodeClassifier, SubgraphNodeClassifier, validate_graph
 from models.gat import build_node_classifier
@@ -91,6 +92,8 @@ class GatSettings(RunSettings):
         "help": "mini-batches: incoming edges sampled per node, one count per layer ('10,10'; -1: all)"})
     seed_nodes: Literal["train", "all"] = field(default="train", metadata={
         "help": "mini-batches: seeds from the training nodes (KL of their rows) or all nodes (the full-graph ELBO)"})
+    left_out: int = field(default=0, metadata={
+        "help": "hide the last N classes' labels; their test nodes are the OOD set (0: none; GPN: cora 3, citeseer 2)"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -100,6 +103,7 @@ class GatSettings(RunSettings):
         for name in ("out_heads", "max_epochs", "patience", "chunk", "dropout_chunk", "diag_nodes"):
             positive(name, getattr(self, name), minimum=1, strict=False)
         positive("chains", self.chains, strict=False)
+        positive("left_out", self.left_out, strict=False)
         require(self.samples == 0 or self.samples >= 2, "samples", self.samples, "0 or at least 2 (PAvPU's t-test)")
         positive("batch_size", self.batch_size, minimum=1, strict=False)
         fanout = self.num_neighbors.replace(",", " ").split()
@@ -191,7 +195,8 @@ def tables(results: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 
 def load(settings: GatSettings, data_root: Optional[str]):
-    return load_planetoid(settings.dataset, data_root)
+    graph = load_planetoid(settings.dataset, data_root)
+    return leave_out_classes(*graph, settings.left_out) if settings.left_out else graph
 
 
 TASK = Task(

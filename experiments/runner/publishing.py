@@ -16,17 +16,21 @@ from experiments.runner.task import Task
 
 #: draws a figure of ``results`` (the runs of ``folder``) to ``path``; returns the files written
 Draw = Callable[[Task, pd.DataFrame, RunFolder, Path], list[Path]]
+#: named tables of ``results`` drawn from the runs' saved files in ``folder`` besides their records
+Tables = Callable[[pd.DataFrame, RunFolder], dict[str, pd.DataFrame]]
 
 
 @dataclass(frozen=True)
 class Table:
     """``<out>/<file>``: the task's table ``name`` of the runs in ``results/<source>``, with only
-    ``columns`` (all of them if None)."""
+    ``columns`` (all of them if None). ``tables``: where the table comes from when the records
+    alone do not give it (the runs' ``*.npz`` files); by default the task's tables."""
 
     file: str
     source: str
     name: str
     columns: Optional[tuple[str, ...]] = None
+    tables: Optional[Tables] = None
 
 
 @dataclass(frozen=True)
