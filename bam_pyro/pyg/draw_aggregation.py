@@ -1,10 +1,11 @@
 """The messages of many attention draws summed at once, without a message per draw and edge.
 
-Under ``Predictive(parallel=True)`` (and :func:`bam_pyro.predictive.predictive_draws`) the scores,
-Phi and the prior of a graph attention layer are computed once, and its attention weights come
-with leading draw dimensions, ``[*draws, E, H]``. PyG's ``propagate`` then multiplies every
-edge's source features by the weights of every draw, a ``[*draws, E, H, C]`` message tensor
-(C times the weights: most of the time of a Cora draw), and scatters it onto the targets.
+Under ``Predictive(parallel=True)`` (and :func:`bam_pyro.predictive.predictive_draws`) the
+attention weights of a graph attention layer come with leading draw dimensions, ``[*draws, E, H]``
+(in eval mode the first layer's features, scores, Phi and prior have none: they are computed once
+for all draws). PyG's ``propagate`` then multiplies every edge's source features by the weights
+of every draw, a ``[*draws, E, H, C]`` message tensor (C times the weights), and scatters it onto
+the targets: about a third of the time of 100 draws of a Cora GAT.
 
 Here each (target, head) is a bag of its incoming edges, and ``F.embedding_bag`` sums the
 weighted source features of every bag directly: the weights are gathered once into the bags'
