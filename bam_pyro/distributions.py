@@ -77,7 +77,10 @@ class MeanWeibull(dist.TorchDistribution):
         noise = torch.empty(shape, dtype=self.log_mean.dtype, device=self.log_mean.device)
         shift = math.exp(-self.k * self.log_mean_factor)
         noise.uniform_(torch.finfo(noise.dtype).tiny, 1.0).log_().mul_(-shift).log_()
-        return torch.exp(torch.add(self.log_mean, noise, alpha=1.0 / self.k))
+        if torch.is_grad_enabled() and self.log_mean.requires_grad:
+            return torch.add(self.log_mean, noise, alpha=1.0 / self.k).exp_()
+        # a draw (predictive): S in the noise's own buffer, the same values without a fresh map
+        return torch.add(self.log_mean, noise, alpha=1.0 / self.k, out=noise).exp_()
 
     def log_prob(self, value: Tensor) -> Tensor:
         z = value.log() - self.log_scale  # log(s / lam)

@@ -134,7 +134,7 @@ def predictive_draws(
                     location = prior_location(site["infer"]["prior"]).reshape(-1, *site["fn"].event_shape)
                     prior[name].append(keep(location.expand(size, *location.shape[1:])))
             del trace
-    draws = PredictiveDraws(torch.cat(probs), _concat(attention), _concat(prior))
+    draws = PredictiveDraws(_concat({PROBS_SITE: probs})[PROBS_SITE], _concat(attention), _concat(prior))
     _check_probs(draws.probs)
     return draws
 
@@ -167,7 +167,9 @@ def _expand_in_sample_plate(args: tuple) -> tuple:
 
 
 def _concat(chunks: dict[str, list[Tensor]]) -> dict[str, Tensor]:
-    return {name: torch.cat(parts) for name, parts in chunks.items() if parts}
+    """The chunks of each site joined; a single chunk is not copied unless it is a broadcast view
+    (a value that did not vary over the draws), which would share its memory between draws."""
+    return {name: parts[0].contiguous() if len(parts) == 1 else torch.cat(parts) for name, parts in chunks.items() if parts}
 
 
 def _per_draw(site: dict, size: int) -> Tensor:

@@ -44,7 +44,8 @@ class GAT(nn.Module):
         self.conv2 = BayesianGATConv(hidden * heads, num_classes, out_heads, concat=False, **layer)
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        return self.conv2(F.elu(self.conv1(x, edge_index)), edge_index)
+        # in place: the first layer's output is a fresh tensor no backward pass reads
+        return self.conv2(F.elu(self.conv1(x, edge_index), inplace=True), edge_index)
 
 
 def build_node_classifier(

@@ -59,6 +59,8 @@ def test_predictive_bench_samples_a_saved_model_in_a_fresh_process(tmp_path, cor
     figures = predictive.main(["--samples", "3", "--chunk", "2", "--repeats", "2", "--data-root", str(data_root),
                                "--checkpoint", str(checkpoint)])
     assert figures["nodes"] == data.num_nodes and len(figures["seconds_all"]) == 2
+    assert len(figures["propagate_seconds_all"]) == len(figures["propagate_over_bags_all"]) == 2  # both paths, in turn
+    assert figures["propagate_over_bags"] > 0 and figures["propagate_peak_mb"] >= 0
     assert figures["layers"] == ["conv1.attention", "conv2.attention"]
     assert figures["peak_mb"] > 0
 

@@ -8,7 +8,7 @@ from ..optional import require
 require("torch_geometric", "bam_pyro.pyg")
 
 from .attention_convs import BayesianGATv2Conv, BayesianTransformerConv  # noqa: E402
-from .edge_attention import EdgeAttentionConv  # noqa: E402
+from .edge_attention import EdgeAttentionConv, set_bag_draws  # noqa: E402
 from .edge_keys import EdgeKeys, counted_rows  # noqa: E402
 from .gat_conv import BayesianGATConv  # noqa: E402
 from .minibatch import FullGraph, SubgraphNodeClassifier  # noqa: E402
@@ -27,5 +27,6 @@ __all__ = [
     "SubgraphNodeClassifier",
     "counted_rows",
     "neighbor_loader_available",
+    "set_bag_draws",
     "validate_graph",
 ]

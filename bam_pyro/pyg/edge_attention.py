@@ -22,9 +22,9 @@ from torch_geometric.utils import add_self_loops, remove_self_loops
 
 from ..attention import BayesianAttention
 from ..config import BamConfig
-from .edge_keys import EdgeKeys
-
 from .adjacency import Adj, attention_like, read_adjacency
+from .draw_aggregation import aggregate_draws, aggregates_in_bags
+from .edge_keys import EdgeKeys
 
 #: the default attention: deterministic softmax, i.e. PyG's layer itself
 SOFT = BamConfig("soft")
@@ -48,11 +48,15 @@ class EdgeAttentionConv(MessagePassing):
     A subclass sets ``lin_edge`` (a projection of edge features to ``heads * out_channels``, or
     None), ``add_self_loops`` and ``fill_value``, and implements :meth:`project`, :meth:`score`
     and :meth:`combine`; its ``forward`` has its PyG counterpart's signature and calls
-    :meth:`attend`. Leading sample dimensions of the node features broadcast through.
+    :meth:`attend`. Leading sample dimensions of the node features broadcast through; attention
+    draws (weights with draw dimensions) are summed without a message tensor (``bag_draws``).
     """
 
     #: the edge features also enter the messages (graph transformer), not only the scores
     edge_features_in_messages = False
+    #: attention draws (weights with draw dimensions, no gradient) are summed per target without
+    #: PyG's message tensor (:mod:`bam_pyro.pyg.draw_aggregation`); :func:`set_bag_draws` switches
+    bag_draws = True
 
     def __init__(
         self, in_channels, out_channels: int, heads: int, concat: bool, dropout: float, config: BamConfig
@@ -87,13 +91,13 @@ class EdgeAttentionConv(MessagePassing):
         scores = self.score(nodes, edge_index, edge_features)  # [..., E, H]
         attention = self.attention(scores, nodes.keys, EdgeKeys(edge_index, num_dst))
         weights = F.dropout(attention, p=self.dropout, training=self.training)
-        out = self.propagate(
-            edge_index,
-            x=(self.message_values(nodes.values), None),
-            weights=weights,
-            edge_values=edge_features if self.edge_features_in_messages else None,
-            size=(num_src, num_dst),
-        )
+        values = self.message_values(nodes.values)
+        edge_values = edge_features if self.edge_features_in_messages else None
+        if self.bag_draws and edge_values is None and aggregates_in_bags(weights, values):
+            out = aggregate_draws(weights, values, edge_index, num_dst)
+        else:
+            out = self.propagate(edge_index, x=(values, None), weights=weights, edge_values=edge_values,
+                                 size=(num_src, num_dst))
         out = self.combine(out.flatten(-2) if self.concat else out.mean(-2), x if isinstance(x, Tensor) else x[1])
         if return_attention_weights:
             return out, attention_like(adjacency, edge_index, weights, (num_src, num_dst))
@@ -151,3 +155,12 @@ class EdgeAttentionConv(MessagePassing):
         extra = "" if variant == "soft" else f", variant={variant!r}"
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads}{extra})"
 
+
+def set_bag_draws(model: nn.Module, enabled: bool) -> nn.Module:
+    """Sum attention draws in bags (:mod:`bam_pyro.pyg.draw_aggregation`) or with PyG's
+    ``propagate`` in every graph attention layer of ``model``; returns the model. Both give the
+    same outputs to float rounding: the switch is there to compare them."""
+    for module in model.modules():
+        if isinstance(module, EdgeAttentionConv):
+            module.bag_draws = bool(enabled)
+    return model
