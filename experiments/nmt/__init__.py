@@ -8,4 +8,5 @@ FOLDER = TaskFolder(
                           20),),
     check_runs=(CheckRun("nmt", ("--max-train", "6400", "--max-epochs", "1", "--beam-size", "1", "--uncertainty-draws", "0",
                                  DATA_ROOT), 35),),
+    publishes=True,
 )
