@@ -94,9 +94,9 @@ def test_a_run_found_finished_with_other_settings_after_the_plan_ends_in_one_lin
 
 
 def _published(tmp_path: Path) -> tuple[Path, Path]:
-    """Copies of the committed GAT records and of the docs outputs they give."""
+    """Copies of the committed records the GAT task publishes from, and of the docs outputs they give."""
     records, docs = tmp_path / "results", tmp_path / "docs"
-    for source in ("gat", "graph"):
+    for source in {spec.source for spec in results.PUBLISHED["gat"]}:
         shutil.copytree(REPO / "results" / source, records / source)
     shutil.copytree(REPO / "docs" / "results", docs)
     return records, docs
@@ -257,7 +257,9 @@ def test_the_folder_check_asks_for_room_for_a_checkpoint(tmp_path, data_root, mo
 
 def test_ctrl_c_ends_in_one_line_status_130_and_a_valid_checkpoint(tmp_path, data_root):
     out = tmp_path / "out"
-    run = _gat_process(data_root, out, "--seeds", "0", "--max-epochs", "100000", "--checkpoint-minutes", "0")
+    # no early stop either: on a loaded machine the run must still be training when the signal comes
+    run = _gat_process(data_root, out, "--seeds", "0", "--max-epochs", "100000", "--patience", "100000",
+                       "--checkpoint-minutes", "0")
     checkpoint = out / "runs" / "cora-soft-seed0" / "checkpoint.pt"
     _wait_for(lambda: checkpoint.is_file() or run.poll() is not None)
     time.sleep(1.0)
