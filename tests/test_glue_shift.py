@@ -15,7 +15,7 @@ from scipy.special import softmax
 
 from experiments.glue import ood
 from experiments.glue.data import beyond_subset, read_split, subset
-from experiments.glue.shift import MULTI30K_FILE, OOD_SETS, TEMPERATURE_EXAMPLES, capped, temperature_examples
+from experiments.glue.shift import MULTI30K_FILE, OOD_SETS, TEMPERATURE_EXAMPLES, capped, ood_sentences, temperature_examples
 from experiments.glue.shift_tables import SETS, reliability_figures, risk_coverage_figures, shift_tables
 from experiments.glue.task import TASK
 from experiments.records import RunFolder, new_record
@@ -46,7 +46,7 @@ def text_root(tmp_path_factory) -> Path:
     for split, n in (("train", TRAIN), ("dev", DEV)):
         write_tsv(root / "glue" / "SST-2" / f"{split}.tsv",
                   [[s, int(rng.integers(0, 2))] for s in sentences(n, len(split))], ["sentence", "label"])
-    write_tsv(root / "glue" / "RTE" / "dev.tsv", [[i, s, "A short claim.", "entailment"] for i, s in enumerate(sentences(OOD_LINES, 7))],
+    write_tsv(root / "glue" / "RTE" / "dev.tsv", [[i, "A long premise.", s, "entailment"] for i, s in enumerate(sentences(OOD_LINES, 7))],
               ["index", "sentence1", "sentence2", "label"])
     write_tsv(root / "glue" / "CoLA" / "dev.tsv", [["src", 1, "", s] for s in sentences(OOD_LINES, 8)], None)
     (root / "multi30k").mkdir()
@@ -155,6 +155,12 @@ def test_the_temperature_examples_are_beyond_the_training_subset(data_root):
     sst2 = read_split("sst2", "train", data_root).reset_index()  # the real runs': 2,000 trained, 1,000 held out
     trained, held = subset(sst2, 2000), beyond_subset(sst2, 2000, TEMPERATURE_EXAMPLES)
     assert len(held) == TEMPERATURE_EXAMPLES and not set(trained["index"]) & set(held["index"])
+
+
+def test_ood_sets_read_one_sentence_per_input(text_root):
+    assert ood_sentences("rte", text_root) == sentences(OOD_LINES, 7)  # the hypotheses, not the premises
+    assert ood_sentences("cola", text_root) == sentences(OOD_LINES, 8)
+    assert ood_sentences("multi30k", text_root)[:2] == ["A dog runs on the grass 0.", "A dog runs on the grass 1."]
 
 
 def test_ood_sets_are_capped_to_a_fixed_subset_in_file_order():

@@ -7,8 +7,9 @@ The sets, all read from the data root (nothing is downloaded):
   own scored split;
 - ``multi30k``: the English side of Multi30k's 2016 Flickr test set (image captions,
   ``multi30k/test_2016_flickr.en.gz``);
-- ``rte``: the RTE dev set's first sentences (``sentence1``, the premise: news and Wikipedia
-  text), one sentence per input as the model was trained on;
+- ``rte``: the RTE dev set's second sentences (``sentence2``, the hypothesis: one short sentence
+  about news or Wikipedia text), one sentence per input as the model was trained on; the premises
+  are often passages of several sentences, up to ``max_length`` tokens and about ten times the cost;
 - ``cola``: the CoLA dev set's sentences (linguistics textbook examples, grammatical or not).
 
 Each out-of-distribution set is capped at ``max_ood`` sentences, a random subset fixed by
@@ -36,6 +37,8 @@ from experiments.glue.data import beyond_subset, read_split
 ID_TASK = "sst2"
 OOD_SETS = ("multi30k", "rte", "cola")
 MULTI30K_FILE = "test_2016_flickr.en.gz"
+#: the column of a GLUE dev set read as out-of-distribution sentences (RTE: the hypotheses)
+OOD_COLUMNS = {"rte": "text_b", "cola": "text_a"}
 #: the default cap on each out-of-distribution set, and the seed of the sentences it keeps
 MAX_OOD = 500
 OOD_SEED = 43
@@ -58,8 +61,8 @@ def ood_sentences(name: str, data_root: Optional[os.PathLike] = None) -> list[st
     """Every sentence of out-of-distribution set ``name`` (module doc), in file order."""
     if name == "multi30k":
         return multi30k_sentences(data_root)
-    if name in ("rte", "cola"):
-        return read_split(name, "dev", data_root)["text_a"].tolist()
+    if name in OOD_COLUMNS:
+        return read_split(name, "dev", data_root)[OOD_COLUMNS[name]].tolist()
     raise ValueError(f"unknown out-of-distribution set {name!r}; expected one of {list(OOD_SETS)}")
 
 
