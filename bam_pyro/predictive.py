@@ -71,6 +71,11 @@ def attention_site_names(bam_model: BamModel) -> list[str]:
     ]
 
 
+def has_stochastic_attention(bam_model: BamModel) -> bool:
+    """True when some attention layer draws its weights (BAM); False for soft attention only."""
+    return any(isinstance(m, BayesianAttention) and m.config.stochastic for m in bam_model.network.modules())
+
+
 def has_unsited_noise(bam_model: BamModel, dropout: bool) -> bool:
     """True when a draw has randomness that is not a Pyro sample site (dropout, ``nokl``)."""
     return dropout or any(

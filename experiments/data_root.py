@@ -3,6 +3,7 @@ project's ``../shared/data`` when present, else a user cache the standard loader
 
 from __future__ import annotations
 
+import gzip
 import os
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
@@ -45,3 +46,15 @@ def utf8_lines(path: Path, lines: Iterable[bytes]) -> Iterator[str]:
             yield line.decode("utf-8")
         except UnicodeDecodeError as error:
             raise ValueError(f"{path}, line {number}: not UTF-8 ({error.reason} at byte {error.start})") from None
+
+
+def gzip_lines(path: Path) -> list[str]:
+    """The lines of a gzip file of UTF-8 text, newlines stripped; ``ValueError`` naming the file and
+    the line that could not be read (not UTF-8, or the file cut short or not gzip there)."""
+    lines: list[str] = []
+    try:
+        with gzip.open(path, "rb") as handle:
+            lines.extend(line.rstrip("\n") for line in utf8_lines(path, handle))
+    except (OSError, EOFError) as error:  # BadGzipFile is an OSError; a file cut short ends in EOFError
+        raise ValueError(f"{path}, line {len(lines) + 1}: not a whole gzip file ({error})") from None
+    return lines

@@ -12,11 +12,12 @@ from bam_pyro.metrics import entropy
 from experiments.catalog import load_task
 from experiments.gat import ood
 from experiments.gat.shift import flip_features, leave_out_classes
-from experiments.gat.shift_tables import (ENSEMBLE, METHODS, SAMPLED, Prediction, pooled, predictions, reliability_figures,
-                                          risk_coverage_figures, shift_tables)
+from experiments.gat.shift_tables import predictions, reliability_figures, risk_coverage_figures, shift_tables
 from experiments.gat.task import main as gat_main
 from experiments.records import RunFolder, new_record
 from experiments.results import load_results
+from experiments.runner.shift_draws import SHIFT_FILE
+from experiments.runner.shift_tables import ENSEMBLE, METHODS, SAMPLED, Prediction, pooled
 
 
 def test_left_out_masks_by_enumeration(cora):
@@ -80,7 +81,7 @@ def fake_folder(tmp_path, left_out: int, soft_seeds: int = ENSEMBLE + 1, bam_see
                 for mode in [m for v, m in SAMPLED.values() if v == variant]:
                     arrays[f"{s}.{mode}.probs"] = softmax(logits + seed * 0.01, -1).astype(np.float16)
                     arrays[f"{s}.{mode}.mutual_info"] = np.full(30, 0.0 if s == "id" else 0.5, np.float32)
-            np.savez(folder.run_dir(name) / ood.SHIFT_FILE, **arrays)
+            np.savez(folder.run_dir(name) / SHIFT_FILE, **arrays)
     return task, folder
 
 
@@ -108,7 +109,7 @@ def test_tables_of_tiny_fake_records(tmp_path, left_out):
 
 def test_a_changed_prediction_changes_the_table(tmp_path):
     task, folder = fake_folder(tmp_path, 0)
-    path = folder.run_dir("cora-wc-seed1") / ood.SHIFT_FILE
+    path = folder.run_dir("cora-wc-seed1") / SHIFT_FILE
     arrays = dict(np.load(path))
     arrays["flip0.05.attention.probs"] = arrays["id.attention.probs"]  # the shifted nodes as confident as the clean
     np.savez(path, **arrays)
@@ -121,7 +122,7 @@ def test_the_ensemble_of_seed_k_pools_soft_seeds_k_to_k_plus_4(tmp_path):
     task, folder = fake_folder(tmp_path, 0)
     found = {(m, s): by_set for _, m, s, by_set in predictions(load_results(task, folder.out), folder)}
     for seed in (0, 1):
-        members = [softmax(np.load(folder.run_dir(f"cora-soft-seed{k}") / ood.SHIFT_FILE)["id.logits"].astype(np.float64), -1)
+        members = [softmax(np.load(folder.run_dir(f"cora-soft-seed{k}") / SHIFT_FILE)["id.logits"].astype(np.float64), -1)
                    for k in range(seed, seed + ENSEMBLE)]
         assert np.allclose(found[("ensemble", seed)]["id"].probs, np.mean(members, 0))
     assert ("ensemble", 2) not in found
@@ -133,8 +134,8 @@ def test_ood_draws_of_a_tiny_run(tmp_path, data_root, variant, left_out):
     gat_main(["--dataset", "cora", "--variant", variant, "--seeds", "0", "--max-epochs", "2", "--left-out", str(left_out),
               "--data-root", str(data_root), "--out", str(out), "--threads", "1", "--no-progress"])
     run = RunFolder(out).run_dir(f"cora-{variant}-seed0")
-    assert ood.main([str(run), "--data-root", str(data_root), "--samples", "3"]) == [run / ood.SHIFT_FILE]
-    arrays = np.load(run / ood.SHIFT_FILE)
+    assert ood.main([str(run), "--data-root", str(data_root), "--samples", "3"]) == [run / SHIFT_FILE]
+    arrays = np.load(run / SHIFT_FILE)
     modes = ["mc_dropout"] if variant == "soft" else ["attention", "attention_dropout"]
     sizes = {"id": 684, "ood": 316} if left_out else {"id": 1000, "flip0.01": 1000, "flip0.05": 1000}
     expected = {f"{s}.{m}.{part}" for s in sizes for m in modes for part in ("probs", "mutual_info")} | {f"{s}.labels" for s in sizes}

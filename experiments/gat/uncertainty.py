@@ -23,10 +23,10 @@ from bam_pyro.diagnostics import AttentionDiagnostics, attention_chains, gather,
 from bam_pyro.metrics import PAVPU_THRESHOLDS, Reliability, reliability, uncertainty_report
 from analysis.plots import neighbourhood_forest, prior_posterior, reliability_diagram, variant_comparison
 from analysis.tables import format_mean_std
-from bam_pyro import BayesianAttention
 from bam_pyro.predictive import attention_site_names, predictive_draws
 from bam_pyro.training import seed_everything
 from experiments.records import RunFolder, read_arrays
+from experiments.runner.shift_draws import sampling_modes
 from bam_pyro.pyg import NodeClassifier
 
 MODE_NOTE = {
@@ -37,17 +37,12 @@ MODE_NOTE = {
 METRICS = ["sample_acc", "nll", "brier", "ece", "entropy", "mutual_info", *(f"pavpu@{t:g}" for t in PAVPU_THRESHOLDS)]
 
 
-def modes_for(model: NodeClassifier) -> list[str]:
-    stochastic = any(m.config.stochastic for m in model.network.modules() if isinstance(m, BayesianAttention))
-    return ["attention", "attention_dropout"] if stochastic else ["mc_dropout"]
-
-
 def score_modes(model: NodeClassifier, data, settings, folder: Path) -> dict[str, float]:
     """Every mode's metrics of ``settings.samples`` draws on the test nodes; saves their mean
     probabilities (with the labels) into ``folder``."""
     metrics = {}
     test = data.test_mask.nonzero().flatten()
-    for mode in modes_for(model):
+    for mode in sampling_modes(model):
         dropout = "dropout" in mode
         seed_everything(settings.seed)
         with torch.no_grad():

@@ -177,6 +177,12 @@ def collate(data: Encoded, index: np.ndarray, collator: DataCollatorWithPadding)
     return (padded["input_ids"], padded["attention_mask"], padded["token_type_ids"]), {"labels": data.labels[index]}
 
 
+def evaluation_order(data: Encoded) -> np.ndarray:
+    """The order unshuffled :func:`batches` take the examples in: by length, ties in data order.
+    Outputs gathered batch by batch are in this order; ``outputs[argsort(order)]`` restores the data's."""
+    return np.argsort([len(ids) for ids in data.input_ids], kind="stable")
+
+
 def batches(
     data: Encoded, batch_size: int, collator: DataCollatorWithPadding, shuffle: bool,
     rng: Optional[np.random.Generator] = None, bucket: int = 50,
@@ -191,7 +197,7 @@ def batches(
         chunks = [order[i:i + bucket * batch_size] for i in range(0, len(order), bucket * batch_size)]
         order = np.concatenate([c[np.argsort(lengths[c], kind="stable")] for c in chunks])
     else:
-        order = np.argsort(lengths, kind="stable")
+        order = evaluation_order(data)
     groups = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     if shuffle:
         groups = [groups[i] for i in rng.permutation(len(groups))]
@@ -211,11 +217,25 @@ class GlueData:
     collator: DataCollatorWithPadding
 
 
+def subset_order(n: int) -> np.ndarray:
+    """The fixed permutation of a training set of ``n`` examples whose first rows :func:`subset` keeps."""
+    return np.random.default_rng(0).permutation(n)
+
+
 def subset(frame: pd.DataFrame, size: Optional[int]) -> pd.DataFrame:
     """The first ``size`` rows of a fixed permutation (the same subset for every run)."""
     if size is None or size >= len(frame):
         return frame
-    return frame.iloc[np.random.default_rng(0).permutation(len(frame))[:size]].reset_index(drop=True)
+    return frame.iloc[subset_order(len(frame))[:size]].reset_index(drop=True)
+
+
+def beyond_subset(frame: pd.DataFrame, trained: int, size: int) -> pd.DataFrame:
+    """``size`` training examples that a run on :func:`subset` ``(frame, trained)`` never saw: the
+    next ``size`` rows of the same permutation (held-out labels for post-hoc calibration)."""
+    if not 0 < size <= len(frame) - trained:
+        raise ValueError(f"{size} examples beyond the first {trained} of a training set of {len(frame)}: "
+                         f"at most {len(frame) - trained} are left")
+    return frame.iloc[subset_order(len(frame))[trained:trained + size]].reset_index(drop=True)
 
 
 def holdout_split(frame: pd.DataFrame, size: int) -> tuple[pd.DataFrame, pd.DataFrame]:

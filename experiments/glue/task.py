@@ -30,8 +30,8 @@ from transformers import get_linear_schedule_with_warmup
 
 from bam_pyro.metrics import uncertainty_report
 from analysis.tables import paired_difference, summarize
-from bam_pyro import AttentionGuide, BamModel, BayesianAttention
-from bam_pyro.predictive import predictive_draws
+from bam_pyro import AttentionGuide, BamModel
+from bam_pyro.predictive import has_stochastic_attention, predictive_draws
 from bam_pyro.training import seed_everything
 from experiments.glue.data import TASKS, Encoded, GlueData, batches, load_glue, task_metrics
 from experiments.runner import RunContext, RunSettings, Task, model_device, positive, require, run_cli
@@ -84,7 +84,8 @@ def presets(task: str, variant: str) -> dict[str, Any]:
 
 @torch.no_grad()
 def predict(network: torch.nn.Module, data: Encoded, batch_size: int, collator) -> tuple[np.ndarray, np.ndarray]:
-    """Posterior-mean outputs (eval mode) over ``data``: (outputs [n, num_labels], labels)."""
+    """Posterior-mean outputs (eval mode) over ``data``: (outputs [n, num_labels], labels), in
+    :func:`~experiments.glue.data.evaluation_order`."""
     network.eval()
     device = model_device(network)
     outputs, labels = [], []
@@ -94,18 +95,21 @@ def predict(network: torch.nn.Module, data: Encoded, batch_size: int, collator) 
     return torch.cat(outputs).cpu().numpy(), torch.cat(labels).cpu().numpy()
 
 
-def posterior_probs(bam_model: BamModel, data: Encoded, batch_size: int, collator, draws: int) -> tuple[np.ndarray, np.ndarray]:
+def posterior_probs(bam_model: BamModel, data: Encoded, batch_size: int, collator, draws: int,
+                    dropout: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Class probabilities ``[draws, n, classes]`` of posterior draws
     (:func:`bam_pyro.predictive.predictive_draws`: eval mode, every attention drawn from q, no
-    dropout), and the labels; the draws of a batch run as one pass, folded into the batch
-    (:mod:`bam_pyro.transformers.folding`). A network without stochastic attention (soft) is a
-    point mass: two draws, the fewest the metrics take."""
-    stochastic = any(isinstance(m, BayesianAttention) and m.config.stochastic for m in bam_model.network.modules())
+    dropout), and the labels, both in :func:`~experiments.glue.data.evaluation_order`; the draws of
+    a batch run as one pass, folded into the batch (:mod:`bam_pyro.transformers.folding`). A network
+    without stochastic attention (soft) is a point mass: two draws, the fewest the metrics take.
+    ``dropout``: MC dropout besides, the network's own dropout on in every draw (then each draw is a
+    pass of its own, and a soft network gets ``draws`` draws too)."""
+    stochastic = dropout or has_stochastic_attention(bam_model)
     device = model_device(bam_model)
     samples, labels = [], []
     for args, targets in batches(data, 4 * batch_size, collator, shuffle=False):
         args = tuple(arg.to(device) for arg in args)
-        samples.append(predictive_draws(bam_model, args, draws if stochastic else 2).probs)
+        samples.append(predictive_draws(bam_model, args, draws if stochastic else 2, dropout=dropout).probs)
         labels.append(targets["labels"])
     return torch.cat(samples, dim=1).cpu().numpy(), torch.cat(labels).cpu().numpy()
 

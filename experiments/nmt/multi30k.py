@@ -15,7 +15,6 @@ Sources are pieces alone; targets are framed as ``tgt_in = BOS y`` and ``tgt_out
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import dataclasses
@@ -30,7 +29,7 @@ import torch
 from torch import Tensor
 
 from bam_pyro.validation import whole_number
-from experiments.data_root import default_cache, require_files, resolve_data_root, utf8_lines
+from experiments.data_root import default_cache, gzip_lines, require_files, resolve_data_root
 
 #: split name -> file stem under ``<data root>/multi30k`` (the test set is the 2016 Flickr one)
 SPLITS = {"train": "train", "val": "val", "test": "test_2016_flickr"}
@@ -53,18 +52,6 @@ class SentencePairs:
 
     def __len__(self) -> int:
         return len(self.source)
-
-
-def _read_lines(path: Path) -> list[str]:
-    """The lines of a gzip file of UTF-8 text; ``ValueError`` naming the file and the line that
-    could not be read (not UTF-8, or the file cut short or not gzip there)."""
-    lines: list[str] = []
-    try:
-        with gzip.open(path, "rb") as handle:
-            lines.extend(line.rstrip("\n") for line in utf8_lines(path, handle))
-    except (OSError, EOFError) as error:  # BadGzipFile is an OSError; a file cut short ends in EOFError
-        raise ValueError(f"{path}, line {len(lines) + 1}: not a whole gzip file ({error})") from None
-    return lines
 
 
 def check_pairs(pairs: SentencePairs, where: str) -> SentencePairs:
@@ -92,7 +79,7 @@ def read_split(split: str, data_root: Optional[os.PathLike] = None, hub_dataset:
     folder = root / "multi30k"
     names = [f"{SPLITS[split]}.{lang}.gz" for lang in (SOURCE, TARGET)]
     require_files(folder, names, f"Multi30k {split}")
-    pairs = SentencePairs(*(_read_lines(folder / name) for name in names))
+    pairs = SentencePairs(*(gzip_lines(folder / name) for name in names))
     return check_pairs(pairs, f"{folder / names[0]} / {names[1]}")
 
 

@@ -6,7 +6,8 @@ for every task, one job per module: the declaration (:mod:`~experiments.runner.t
 (:mod:`~experiments.runner.cli`), the sweep (:mod:`~experiments.runner.sweep`), reloading finished runs
 (:mod:`~experiments.runner.trained`) and the tables (:mod:`~experiments.runner.tables`). What several
 tasks share besides lives here too: the epoch loop and parameter counts (:mod:`~experiments.runner.fitting`),
-the benchmarks' measurements (:mod:`~experiments.runner.benchmarking`). What the runner does:
+the benchmarks' measurements (:mod:`~experiments.runner.benchmarking`), the uncertainty-under-shift
+draws and tables (:mod:`~experiments.runner.shift_draws`, :mod:`~experiments.runner.shift_tables`). What the runner does:
 
 - command-line options derived from the settings' fields (``--batch-size`` for ``batch_size``),
   so that a new setting is one line; a value given overrides the preset, which overrides the
