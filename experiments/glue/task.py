@@ -180,7 +180,9 @@ def side_by_side(results: pd.DataFrame) -> pd.DataFrame:
             if split == "dev" and task in PAPER_SCORES and metric == TASKS[task].metrics[-1 if task == "mrpc" else 0]:
                 row["paper (ALBERT soft -> WC)"] = "{} -> {}".format(*PAPER_SCORES[task])
             rows.append(row)
-    return pd.DataFrame(rows).set_index(["task", "metric"])
+    table = pd.DataFrame(rows).set_index(["task", "metric"])
+    paper = "paper (ALBERT soft -> WC)"
+    return table.assign(**{paper: table[paper].fillna("")}) if paper in table else table
 
 
 TASK = Task(
