@@ -28,6 +28,8 @@ def reliability_figures(task: Task, results: pd.DataFrame, folder: RunFolder, pa
             written.append(reliability_diagram(curves, target, title=f"{dataset} test nodes"))
     return written
 
+#: the tables of :mod:`experiments.gat.shift_tables`, per shift
+SHIFT_TABLES = ("detection", "calibration", "paired")
 
 PUBLISHED = (
     Table("gat_accuracy.md", "gat", "accuracy"),
@@ -36,7 +38,10 @@ PUBLISHED = (
     Figure("gat_paired.png", "gat", paired_figure),
     Figure("gat_curves.png", "gat", curves_figure),
     Figure("gat_reliability.png", "graph", reliability_figures),
-    *(Table(f"gat_shift_{name}.md", "graph-shift", name, tables=shift_tables) for name in ("detection", "calibration", "paired")),
+    *(Table(f"gat_shift_{name}.md", "graph-shift", name, tables=shift_tables) for name in SHIFT_TABLES),
     Figure("gat_shift_risk_coverage.png", "graph-shift", risk_coverage_figures),
     Figure("gat_shift_reliability.png", "graph-shift", shift_reliability_figures),
+    # the left-out classes' nodes have no labels the network knows: no reliability diagram of them
+    *(Table(f"gat_left_out_{name}.md", "graph-left-out", name, tables=shift_tables) for name in SHIFT_TABLES),
+    Figure("gat_left_out_risk_coverage.png", "graph-left-out", risk_coverage_figures),
 )
