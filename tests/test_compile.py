@@ -177,3 +177,57 @@ def test_compiled_sparse_dropout_projection_holds_no_bool_mask():
     assert not bools, [node.format_node() for node in bools]
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(got_grad, expected_grad)
+
+
+class StackedGAT(torch.nn.Module):
+    """``depth`` Bayesian GAT layers of one shape (8 channels in and out): every layer after the first
+    is the same compiled code, under another site and parameter names."""
+
+    def __init__(self, depth: int) -> None:
+        super().__init__()
+        self.convs = torch.nn.ModuleList(
+            BayesianGATConv(8, 4, heads=2, config=CONFIGS["wc"], add_self_loops=False) for _ in range(depth))
+
+    def forward(self, x, edge_index):
+        for conv in self.convs:
+            x = torch.tanh(conv(x, edge_index))
+        return x
+
+
+def svi_steps(depth: int, steps: int, compiled: bool):
+    """``steps`` losses and gradients of an annealed node classifier on a 20-node graph, seeded, its
+    whole loss (``differentiable_loss``: network, guide and ELBO) compiled or not; with the count of
+    graphs Dynamo made after the first two steps and after all."""
+    from torch._dynamo.testing import CompileCounter
+
+    from bam_pyro import AttentionGuide, ObjectiveConfig
+    from bam_pyro.elbo import AttentionMeanFieldELBO
+    from bam_pyro.pyg import NodeClassifier
+
+    g = torch.Generator().manual_seed(0)
+    x, edge_index = torch.randn(20, 8, generator=g), with_self_loops(torch.randint(0, 20, (2, 60), generator=g), 20)
+    y, nodes = torch.randint(0, 8, (20,), generator=g), torch.arange(0, 20, 2)
+    torch.manual_seed(0)
+    model = NodeClassifier(StackedGAT(depth), ObjectiveConfig(anneal_rate=0.5))
+    guide, counter = AttentionGuide(model.model), CompileCounter()
+    loss_of = AttentionMeanFieldELBO().differentiable_loss
+    if compiled:
+        loss_of = torch.compile(loss_of, backend=counter)
+    results, counts = [], []
+    for step in range(steps):
+        torch.manual_seed(10 + step)
+        loss = loss_of(model.model, guide, x, edge_index, y=y, nodes=nodes, step=step)
+        results.append((loss.detach(), torch.autograd.grad(loss, list(model.parameters()))))
+        counts.append(counter.frame_count)
+    return results, counts
+
+
+def test_a_compiled_svi_step_does_not_compile_per_layer_or_name():
+    """Four layers of one shape compile no more graphs than two: their attention sites and Pyro
+    params, each under its own name, do not specialize the compiled code (issue 44: ``pyro.param``
+    recompiled once per parameter name until Dynamo's recompile limit)."""
+    with dynamo.config.patch(recompile_limit=64):
+        _, two = svi_steps(depth=2, steps=2, compiled=True)
+        dynamo.reset()
+        _, four = svi_steps(depth=4, steps=2, compiled=True)
+    assert four[-1] == two[-1], (two, four)
