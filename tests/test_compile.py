@@ -222,6 +222,20 @@ def svi_steps(depth: int, steps: int, compiled: bool):
     return results, counts
 
 
+def test_a_compiled_svi_step_gives_eager_losses_and_gradients_and_compiles_once():
+    """The whole SVI step compiled (issue 44): after the first two steps (validated, then not) no
+    graph is compiled again, although the KL weight, the target's distribution and the loss are new
+    values at each step; and the same losses and gradients as eager mode under the same seeds."""
+    with dynamo.config.patch(recompile_limit=64):  # a recompilation per step or name shows, not capped at 8
+        got, counts = svi_steps(depth=2, steps=5, compiled=True)
+    expected, _ = svi_steps(depth=2, steps=5, compiled=False)
+    assert counts[1] == counts[-1], counts
+    for (got_loss, got_grads), (loss, grads) in zip(got, expected):
+        torch.testing.assert_close(got_loss, loss)
+        for got_grad, grad in zip(got_grads, grads):
+            torch.testing.assert_close(got_grad, grad)
+
+
 def test_a_compiled_svi_step_does_not_compile_per_layer_or_name():
     """Four layers of one shape compile no more graphs than two: their attention sites and Pyro
     params, each under its own name, do not specialize the compiled code (issue 44: ``pyro.param``
