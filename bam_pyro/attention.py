@@ -106,11 +106,11 @@ class BayesianAttention(nn.Module):
         phi = log_normalized(axis, scores)
         sites = active_sites()
         if sites is not None and config.prior is not None:
-            name = sites.site_name(self.site_name)
             info = AttentionSiteInfo(phi, config, axis.mask, axis.event_dim)
-            s = sites.sample(name, self.prior(phi, keys, axis), info, axis)
+            s = sites.declare(self, self.prior(phi, keys, axis), info, axis)
             weights = normalize(axis, s)
-            sites.record(name, weights, axis.event_dim)
+            if sites.record_weights:
+                sites.record(weights, axis.event_dim)
             return weights
         s = variational_distribution(phi, config).rsample()  # sampling outside a model's sites
         return normalize(axis, s)
@@ -153,7 +153,7 @@ class BayesianAttention(nn.Module):
                               build_prior=lambda phi, axis: self.prior(phi, keys, axis))
         if not has_site:
             return call.attend(draw_seeds(call.sample_shape, device=query.device))
-        drawn = sites.sample(sites.site_name(self.site_name), FusedPrior(call, call.sample_shape), FusedSiteInfo(call), None)
+        drawn = sites.declare(self, FusedPrior(call, call.sample_shape), FusedSiteInfo(call), None)
         if drawn.is_floating_point():  # S drawn from the prior (no guide): normalized as a map
             weights = normalize(call.axis(), drawn)
             return torch.nn.functional.dropout(weights, dropout) @ value

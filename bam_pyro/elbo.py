@@ -13,11 +13,20 @@ order), reading the shapes of attention sites from the guide's densities, which 
 for that purpose. They concern the structure of the traces, which does not change from one
 training step to the next, so with ``validate_once`` (the default) only the first call runs them
 and later calls skip them, together with the guide's unused densities.
+
+Under ``torch.compile`` of a whole step (``torch.compile`` of a function that calls
+``differentiable_loss``), the network's pass is compiled and the ELBO's bookkeeping runs eagerly:
+reading the traces, the densities of the targets and the sum of the KLs and log-likelihoods. Compiled,
+Pyro's code there recompiled at every step until Dynamo's recompile limit: the
+frame guards on values that change from step to step, the identity of the target's fresh
+``Categorical`` (``Categorical.log_prob`` compares ``id(self)``), each site's KL weight as a float
+(``is_identically_one(scale)``; annealing changes it every step) and the loss's ``.item()``.
 """
 
 from __future__ import annotations
 
 import pyro
+import torch
 from pyro import poutine
 from pyro.infer import TraceMeanField_ELBO
 from pyro.infer.trace_mean_field_elbo import _check_mean_field_requirement  # private: the parent's own check, no public twin (tests/test_private_names.py)
@@ -60,7 +69,13 @@ class AttentionMeanFieldELBO(TraceMeanField_ELBO):
         messenger = poutine.unwrap(guide)
         if not isinstance(messenger, GuideMessenger):
             return super()._get_trace(model, guide, args, kwargs)
-        guide(*args, **kwargs)
+        guide(*args, **kwargs)  # the network's pass: compiled code under torch.compile
+        return self._checked_traces(messenger)
+
+    @torch.compiler.disable  # eager: Pyro's bookkeeping (see the module doc, torch.compile)
+    def _checked_traces(self, messenger: GuideMessenger) -> tuple[Trace, Trace]:
+        """Model and guide trace of the pass ``messenger`` just ran, pruned, validated and with the
+        densities the loss reads."""
         model_trace, guide_trace = messenger.get_traces()
         messenger.trace = Trace()  # else it holds every site's Phi, S and prior until the next step
         validate = is_validation_enabled()
@@ -83,3 +98,7 @@ class AttentionMeanFieldELBO(TraceMeanField_ELBO):
             check_if_enumerated(guide_trace)
             _check_mean_field_requirement(model_trace, guide_trace)
         return model_trace, guide_trace
+
+    @torch.compiler.disable  # eager: Pyro's bookkeeping (see the module doc, torch.compile)
+    def _differentiable_loss_particle(self, model_trace, guide_trace):  # the parent's hook (tests/test_private_names.py)
+        return super()._differentiable_loss_particle(model_trace, guide_trace)

@@ -145,6 +145,7 @@ class BamModel(nn.Module):
         self.likelihood(outputs, **targets)
         return outputs
 
+    @torch.compiler.disable  # eager under torch.compile: see the end of the docstring
     def register_parameters(self) -> None:
         """Declare every trainable parameter a Pyro param, under the name ``pyro.module`` gives it.
 
@@ -157,7 +158,12 @@ class BamModel(nn.Module):
         does, so that a saved param store brings the trained model back. An entry that is another
         model's own tensor (an earlier model of the same ``pyro_name`` in this process) is replaced
         instead; ``pyro.module`` would keep it, and ``SVI`` would then train the earlier model's
-        tensors while this one computes with its own."""
+        tensors while this one computes with its own.
+
+        Bookkeeping without arithmetic, run eagerly under ``torch.compile``: Dynamo stops inside
+        ``pyro.param`` (its message is a ``TypedDict`` with optional keys) and the frame it compiles
+        there guards on the parameter's name (``name == 'bam$$$network.conv1.lin.weight'``), one
+        recompilation per parameter until the recompile limit (issue 44)."""
         store = pyro.get_param_store()
         for name, param in self.named_parameters():
             if not param.requires_grad:

@@ -87,6 +87,7 @@ class AttentionSites:
     record_weights: bool = False
     calls: Counter = field(default_factory=Counter)
     keyed: dict = field(default_factory=dict, repr=False)
+    latest: Optional[str] = None  # the name of the latest site declared (:meth:`declare`)
 
     def once_per_keys(self, owner: nn.Module, keys: Tensor, make: Callable[[], Tensor]) -> Tensor:
         """``make()``, computed once per pass for each ``owner`` and keys: a decoder that attends to
@@ -108,6 +109,21 @@ class AttentionSites:
             entry = self.keyed[tag] = (root, root._version, make())
         return entry[2]
 
+    @torch.compiler.disable  # eager under torch.compile: see below
+    def declare(self, layer: nn.Module, prior: dist.TorchDistribution, info: "AttentionSiteInfo",
+                axis: Optional[AttentionAxis]) -> Tensor:
+        """The sample site of one call of ``layer`` (named by :meth:`site_name` from its
+        ``site_name``): the drawn S.
+
+        Runs eagerly under ``torch.compile``, and the site's name never enters compiled code. Pyro's
+        bookkeeping is specialized on names: Dynamo stops inside ``pyro.sample`` (its message is a
+        ``TypedDict`` with optional keys), and every frame it then compiles in between guards on
+        the name string it holds, recompiling once per site until the recompile limit. Here the
+        compiled network hands the prior and Phi over and gets S back; the attention math before
+        and after is one compiled code for all layers of the same shapes (``tests/test_compile.py``)."""
+        self.latest = self.site_name(layer.site_name)
+        return self.sample(self.latest, prior, info, axis)
+
     def site_name(self, base: str) -> str:
         """``base`` on the first call of a module, ``base#2``, ``base#3`` ... on repeated calls
         (e.g. ALBERT's shared layer): every call is its own latent variable with its own KL."""
@@ -122,9 +138,11 @@ class AttentionSites:
         with poutine.scale(scale=scale):
             return pyro.sample(name, info.as_site_distribution(prior), infer={SITE_INFO: info})
 
-    def record(self, name: str, weights: Tensor, event_dim: int) -> None:
+    @torch.compiler.disable  # eager, as :meth:`declare`
+    def record(self, weights: Tensor, event_dim: int) -> None:
+        """With ``record_weights``: the weights of the latest site declared, a deterministic site."""
         if self.record_weights:
-            pyro.deterministic(f"{name}.weights", weights, event_dim=event_dim)
+            pyro.deterministic(f"{self.latest}.weights", weights, event_dim=event_dim)
 
 
 def mean_scale(kl_scale: float, num_sites: int, num_valid: Union[int, Tensor], dtype: torch.dtype) -> Union[float, Tensor]:

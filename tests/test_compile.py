@@ -139,6 +139,22 @@ def test_gat_bench_compile_prints_eager_and_compiled_times_and_paired_ratios(cap
         assert low <= figures[key]["median"] <= high, key
 
 
+@pytest.mark.slow  # compiles a GAT's network and its whole step: about two minutes
+def test_gat_bench_compile_step_adds_the_whole_step_compiled_with_its_ratios(capsys):
+    import json
+
+    from experiments.gat import benchmark as gat
+
+    gat.main(["--nodes", "60", "--edges", "240", "--features", "8", "--steps", "3", "--threads", "1",
+              "--compile", "step", "--models", "wc"])
+    figures = json.loads(capsys.readouterr().out)
+    for key in ("bam_ms", "bam_compiled_ms", "bam_step_compiled_ms"):
+        assert figures[key] > 0, key
+    for key in ("bam_compiled_over_eager", "bam_step_compiled_over_eager", "bam_step_over_network_compiled"):
+        low, high = figures[key]["iqr"]
+        assert low <= figures[key]["median"] <= high, key
+
+
 def test_compiled_sparse_dropout_projection_holds_no_bool_mask():
     """The per-head dropout masks at the nonzeros of sparse input features are drawn eagerly
     (gat_conv._kept_values), so that neither the forward nor the backward graph of the compiled
@@ -177,3 +193,73 @@ def test_compiled_sparse_dropout_projection_holds_no_bool_mask():
     assert not bools, [node.format_node() for node in bools]
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(got_grad, expected_grad)
+
+
+class StackedGAT(torch.nn.Module):
+    """``depth`` Bayesian GAT layers of one shape (8 channels in and out): every layer after the first
+    is the same compiled code, under another site and parameter names."""
+
+    def __init__(self, depth: int) -> None:
+        super().__init__()
+        self.convs = torch.nn.ModuleList(
+            BayesianGATConv(8, 4, heads=2, config=CONFIGS["wc"], add_self_loops=False) for _ in range(depth))
+
+    def forward(self, x, edge_index):
+        for conv in self.convs:
+            x = torch.tanh(conv(x, edge_index))
+        return x
+
+
+def svi_steps(depth: int, steps: int, compiled: bool):
+    """``steps`` losses and gradients of an annealed node classifier on a 20-node graph, seeded, its
+    whole loss (``differentiable_loss``: network, guide and ELBO) compiled or not; with the count of
+    graphs Dynamo made after the first two steps and after all."""
+    from torch._dynamo.testing import CompileCounter
+
+    from bam_pyro import AttentionGuide, ObjectiveConfig
+    from bam_pyro.elbo import AttentionMeanFieldELBO
+    from bam_pyro.pyg import NodeClassifier
+
+    g = torch.Generator().manual_seed(0)
+    x, edge_index = torch.randn(20, 8, generator=g), with_self_loops(torch.randint(0, 20, (2, 60), generator=g), 20)
+    y, nodes = torch.randint(0, 8, (20,), generator=g), torch.arange(0, 20, 2)
+    torch.manual_seed(0)
+    model = NodeClassifier(StackedGAT(depth), ObjectiveConfig(anneal_rate=0.5))
+    guide, counter = AttentionGuide(model.model), CompileCounter()
+    loss_of = AttentionMeanFieldELBO().differentiable_loss
+    if compiled:
+        loss_of = torch.compile(loss_of, backend=counter)
+    results, counts = [], []
+    for step in range(steps):
+        torch.manual_seed(10 + step)
+        loss = loss_of(model.model, guide, x, edge_index, y=y, nodes=nodes, step=step)
+        results.append((loss.detach(), torch.autograd.grad(loss, list(model.parameters()))))
+        counts.append(counter.frame_count)
+    return results, counts
+
+
+def test_a_compiled_svi_step_gives_eager_losses_and_gradients_and_compiles_once():
+    """The whole SVI step compiled (issue 44): after the first two steps (validated, then not) no
+    graph is compiled again, although the KL weight, the target's distribution and the loss are new
+    values at each step; and the same losses and gradients as eager mode under the same seeds."""
+    with dynamo.config.patch(recompile_limit=64):  # a recompilation per step or name shows, not capped at 8
+        got, counts = svi_steps(depth=2, steps=5, compiled=True)
+    expected, _ = svi_steps(depth=2, steps=5, compiled=False)
+    assert counts[1] == counts[-1], counts
+    for (got_loss, got_grads), (loss, grads) in zip(got, expected):
+        torch.testing.assert_close(got_loss, loss)
+        for got_grad, grad in zip(got_grads, grads):
+            torch.testing.assert_close(got_grad, grad)
+
+
+def test_a_compiled_svi_step_does_not_compile_per_layer_or_name():
+    """Four layers of one shape compile no more graphs than two: their attention sites and Pyro
+    params, each under its own name, do not specialize the compiled code (issue 44: ``pyro.param``
+    recompiled once per parameter name until Dynamo's recompile limit)."""
+    with dynamo.config.patch(recompile_limit=64):
+        # three steps: the frame of the target's pyro.sample guards on whether distributions validate,
+        # and may compile both ways (validated first step, then not) in either run
+        _, two = svi_steps(depth=2, steps=3, compiled=True)
+        dynamo.reset()
+        _, four = svi_steps(depth=4, steps=3, compiled=True)
+    assert four[-1] == two[-1], (two, four)

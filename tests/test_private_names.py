@@ -62,6 +62,21 @@ def test_elbo_losses_go_through_the_get_trace_hook_and_the_mean_field_check_take
         _check_mean_field_requirement(model_trace, poutine.trace(guide).get_trace())
 
 
+def test_mean_field_elbo_sums_each_particle_in_its_differentiable_loss_particle_hook():
+    """bam_pyro.elbo.AttentionMeanFieldELBO wraps ``_differentiable_loss_particle`` (run eagerly under
+    torch.compile): the parent calls it once per particle with both traces and returns its loss."""
+    calls = []
+
+    class Counting(TraceMeanField_ELBO):
+        def _differentiable_loss_particle(self, model_trace, guide_trace):
+            calls.append((model_trace, guide_trace))
+            return super()._differentiable_loss_particle(model_trace, guide_trace)
+
+    loss = Counting(num_particles=2).differentiable_loss(model, guide)
+    assert len(calls) == 2 and all("z" in m.nodes and "z" in g.nodes for m, g in calls)
+    assert torch.is_tensor(loss)
+
+
 def test_messengers_handle_sample_sites_in_pyro_sample():
     """bam_pyro.guide.AttentionGuide._pyro_sample reads each site's ``infer`` before the guide draws."""
     seen = []

@@ -3,6 +3,7 @@
     python -m experiments.bench gat                              Cora
     python -m experiments.bench gat --nodes 200000 --edges 2000000   a random graph of that size
     python -m experiments.bench gat --compile --models soft wc      eager vs torch.compile'd networks
+    python -m experiments.bench gat --compile step --models wc      ... and vs the whole SVI step compiled
     python -m experiments.bench gat --device cuda                   on a GPU
 
 Times come from one fresh process that builds all models and takes their steps in turn
@@ -29,6 +30,12 @@ the random draws (ATen's, with ``fallback_random``); and the matrix products, wh
 to ATen. The gathers and sums over the edges are Inductor's own loops. Memory is not measured with
 ``--compile``.
 
+``--compile step`` adds a third form of each model: its whole step's loss compiled (for BAM-WC and
+soft, ``torch.compile`` of the ELBO's ``differentiable_loss``: network, guide and loss; for GATConv,
+of the network and the cross-entropy), with the ratios ``*_step_compiled_over_eager`` and
+``*_step_over_network_compiled``. Pyro's bookkeeping in that step (param and sample statements,
+the traces, the sum of the ELBO's terms) runs eagerly (:mod:`bam_pyro.elbo`, issue 44).
+
 ``--device cuda`` puts the graph and the models on a GPU: times wait for its kernels, memory is the
 caching allocator's peak during a step.
 
@@ -42,6 +49,7 @@ import argparse
 import json
 import statistics
 import time
+from types import SimpleNamespace
 from typing import Any, Callable, NamedTuple, Optional
 
 import torch
@@ -50,6 +58,7 @@ from torch import nn
 from torch_geometric.nn import GATConv
 
 from bam_pyro import BamConfig, ObjectiveConfig
+from bam_pyro.elbo import AttentionMeanFieldELBO
 from bam_pyro.training import SVITrainer
 from experiments.runner.benchmarking import add_device_option, in_fresh_process, memory_measurement, step_peak_mb, synchronized
 from experiments.gat.task import GatSettings
@@ -101,6 +110,8 @@ def graph(nodes: Optional[int], edges: Optional[int], features: int, data_root: 
 
 #: suffix of a model's name in a ``--compile`` run: its network compiled
 COMPILED = "+compile"
+#: suffix of a model's name in a ``--compile step`` run: its whole step's loss compiled
+COMPILED_STEP = "+step"
 
 #: Inductor options of ``--compile`` (default mode otherwise): ATen's random draws (eager mode's
 #: numbers; Inductor's own CPU draws, a Philox draw per element, ran slower) and 256-bit vectors
@@ -113,11 +124,12 @@ COMPILE_OPTIONS = {"fallback_random": True, "cpp.simdlen": 256}
 
 def step_function(name: str, x, edge_index, y, train, num_classes, dropout_per_head: bool,
                   loops_added: bool = False, device: str = "cpu") -> Callable[[], None]:
-    """One training step of model ``name`` (``"wc+compile"``: its network compiled) on ``device``
-    (the graph is moved there). With ``loops_added`` the graph holds its self-loops already and the
-    layers add none."""
+    """One training step of model ``name`` (``"wc+compile"``: its network compiled; ``"wc+step"``:
+    the step's whole loss) on ``device`` (the graph is moved there). With ``loops_added`` the graph
+    holds its self-loops already and the layers add none."""
     torch.manual_seed(0)
-    name, compiled = name.removesuffix(COMPILED), name.endswith(COMPILED)
+    whole_step = name.endswith(COMPILED_STEP)
+    name, compiled = name.removesuffix(COMPILED).removesuffix(COMPILED_STEP), name.endswith(COMPILED)
     x, edge_index, y, train = (t.to(device) for t in (x, edge_index, y, train))
     if name == "gatconv":
         model = PygGAT(x.size(1), num_classes, add_self_loops=not loops_added).to(device)
@@ -125,8 +137,14 @@ def step_function(name: str, x, edge_index, y, train, num_classes, dropout_per_h
             model = torch.compile(model, options=COMPILE_OPTIONS)
         optimizer = torch.optim.Adam(model.parameters(), lr=0.005, weight_decay=5e-4)
 
+        def loss_of(x, edge_index, y, train):
+            return F.cross_entropy(model(x, edge_index)[train], y[train])
+
+        if whole_step:
+            loss_of = torch.compile(loss_of, options=COMPILE_OPTIONS)
+
         def step() -> None:
-            loss = F.cross_entropy(model(x, edge_index)[train], y[train])
+            loss = loss_of(x, edge_index, y, train)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -140,7 +158,10 @@ def step_function(name: str, x, edge_index, y, train, num_classes, dropout_per_h
     if compiled:
         model.network = torch.compile(model.network, options=COMPILE_OPTIONS)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.005, weight_decay=5e-4)
-    trainer = SVITrainer(model, AttentionGuide(model.model), optimizer)
+    elbo = AttentionMeanFieldELBO()
+    if whole_step:  # SVITrainer takes any object with a differentiable_loss
+        elbo = SimpleNamespace(differentiable_loss=torch.compile(elbo.differentiable_loss, options=COMPILE_OPTIONS))
+    trainer = SVITrainer(model, AttentionGuide(model.model), optimizer, elbo=elbo)
     return synchronized(device, lambda: trainer.step(x, edge_index, y=y, nodes=train))
 
 
@@ -191,8 +212,9 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     p.add_argument("--dropout-per-head", action=argparse.BooleanOptionalAction, default=GatSettings.dropout_per_head,
                    help="this project's GATs drop inputs with a mask per head (the Cora preset's setting)")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
-    p.add_argument("--compile", action="store_true",
-                   help="also time each model with its network compiled (torch.compile); no memory figures")
+    p.add_argument("--compile", nargs="?", const="network", choices=("network", "step"), default=None,
+                   help="also time each model with its network compiled (torch.compile); 'step': and with its "
+                        "whole step's loss compiled too; no memory figures")
     add_device_option(p)
     args = p.parse_args(argv)
     if (args.nodes is None) != (args.edges is None):
@@ -200,7 +222,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     steps = args.steps or (100 if args.nodes is None else 5)
     size = GraphSize(args.nodes, args.edges, args.features, args.data_root)
     if args.compile:
-        result = compiled_result(args.models, size, steps, args.threads, args.dropout_per_head, args.device)
+        result = compiled_result(args.models, size, steps, args.threads, args.dropout_per_head, args.device,
+                                 whole_step=args.compile == "step")
         print(json.dumps(result))
         return result
     timed = in_fresh_process(measure_time, (args.models, size, steps, args.threads, args.dropout_per_head, False, args.device))
@@ -223,19 +246,25 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
 
 
 def compiled_result(models: list[str], size: GraphSize, steps: int, threads: int, dropout_per_head: bool,
-                    device: str = "cpu") -> dict:
-    """Eager and compiled step times of ``models`` in one round-robin, with the paired ratios."""
-    names = [name + suffix for name in models for suffix in ("", COMPILED)]
+                    device: str = "cpu", whole_step: bool = False) -> dict:
+    """Eager and compiled step times of ``models`` in one round-robin, with the paired ratios; with
+    ``whole_step`` also those of the whole step's loss compiled."""
+    suffixes = ("", COMPILED, COMPILED_STEP) if whole_step else ("", COMPILED)
+    names = [name + suffix for name in models for suffix in suffixes]
     timed = in_fresh_process(measure_time, (names, size, steps, threads, dropout_per_head, True, device))
     key = {"gatconv": "gatconv", "soft": "soft", "wc": "bam"}
     result = {"graph": timed["graph"], "threads": threads, "steps": steps, "device": device, "dropout_per_head": dropout_per_head,
               "self_loops": "added once beforehand", "compile_options": COMPILE_OPTIONS}
     for name in names:
-        base = name.removesuffix(COMPILED)
-        result[f"{key[base]}{'_compiled' if name != base else ''}_ms"] = round(timed["ms"][name], 2)
+        base = name.removesuffix(COMPILED).removesuffix(COMPILED_STEP)
+        form = {COMPILED: "_compiled", COMPILED_STEP: "_step_compiled"}.get(name[len(base):], "")
+        result[f"{key[base]}{form}_ms"] = round(timed["ms"][name], 2)
     times = timed["times"]
     for name in models:
         result[f"{key[name]}_compiled_over_eager"] = paired_ratio(times[name + COMPILED], times[name])
+        if whole_step:
+            result[f"{key[name]}_step_compiled_over_eager"] = paired_ratio(times[name + COMPILED_STEP], times[name])
+            result[f"{key[name]}_step_over_network_compiled"] = paired_ratio(times[name + COMPILED_STEP], times[name + COMPILED])
     if "wc" in models and "soft" in models:
         result["bam_over_soft_compiled"] = paired_ratio(times["wc" + COMPILED], times["soft" + COMPILED])
         result["bam_over_soft_eager"] = paired_ratio(times["wc"], times["soft"])
