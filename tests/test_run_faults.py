@@ -47,6 +47,12 @@ def _gat_process(data_root: Path, out: Path, *extra: str, **options) -> subproce
                              *extra], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **options)
 
 
+def _interruptible() -> None:
+    """In the child: SIGINT at its default, as in a terminal. A test session started in the
+    background by a shell without job control ignores SIGINT, and its children inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _one_line(err: str) -> bool:
     return len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
@@ -259,7 +265,7 @@ def test_ctrl_c_ends_in_one_line_status_130_and_a_valid_checkpoint(tmp_path, dat
     out = tmp_path / "out"
     # no early stop either: on a loaded machine the run must still be training when the signal comes
     run = _gat_process(data_root, out, "--seeds", "0", "--max-epochs", "100000", "--patience", "100000",
-                       "--checkpoint-minutes", "0")
+                       "--checkpoint-minutes", "0", preexec_fn=_interruptible)
     checkpoint = out / "runs" / "cora-soft-seed0" / "checkpoint.pt"
     _wait_for(lambda: checkpoint.is_file() or run.poll() is not None)
     time.sleep(1.0)
