@@ -33,7 +33,8 @@ RECORD_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 COLUMNS: dict[str, tuple[str, ...]] = {
     "gat": ("graph", "steps", "gatconv_ms", "soft_ms", "bam_ms", "gatconv_peak_mb", "soft_peak_mb", "bam_peak_mb",
             "time_ratio", "mem_ratio", "soft_compiled_ms", "bam_compiled_ms", "soft_compiled_over_eager",
-            "bam_compiled_over_eager", "bam_over_soft_eager", "bam_over_soft_compiled"),
+            "bam_compiled_over_eager", "soft_step_compiled_ms", "bam_step_compiled_ms", "soft_step_compiled_over_eager",
+            "bam_step_compiled_over_eager", "bam_step_over_network_compiled", "bam_over_soft_eager", "bam_over_soft_compiled"),
     "gat-minibatch": ("graph", "batch_size", "num_neighbors", "steps", "full_ms", "minibatch_ms", "full_peak_mb",
                       "minibatch_peak_mb", "mem_ratio"),
     "predictive": ("trained", "samples", "chunk", "nodes", "seconds", "cpu_seconds", "peak_mb", "propagate_seconds",
