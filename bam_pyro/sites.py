@@ -140,9 +140,9 @@ class AttentionSites:
 
     @torch.compiler.disable  # eager, as :meth:`declare`
     def record(self, weights: Tensor, event_dim: int) -> None:
-        """With ``record_weights``: the weights of the latest site declared, a deterministic site."""
-        if self.record_weights:
-            pyro.deterministic(f"{self.latest}.weights", weights, event_dim=event_dim)
+        """The weights of the latest site declared, a deterministic site. Callers check
+        ``record_weights`` first, so that compiled code does not break its graph here on every call."""
+        pyro.deterministic(f"{self.latest}.weights", weights, event_dim=event_dim)
 
 
 def mean_scale(kl_scale: float, num_sites: int, num_valid: Union[int, Tensor], dtype: torch.dtype) -> Union[float, Tensor]:
