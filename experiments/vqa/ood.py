@@ -10,8 +10,9 @@ sets: ``id``, on clean grid features; ``noise<v>``, on the grid features with th
 noise (:func:`~experiments.vqa.uncertainty.noisy`: the same seeded noise for every run, scaled) at
 variance ``v``, for every variance the run scored besides 0 (its noisy data's and its noise
 sweep's: 1, 2, 5 and 10 at the task's defaults). Noisy images keep their answers, so every set is
-labelled. Each set's draws start from the run's seed: the same dropout masks on every set. A soft run's ``val`` arrays are its logits and labels on :data:`VAL_QUESTIONS` validation
-questions (a fixed random subset of the held-out training images'), for temperature scaling.
+labelled. Each set's draws start from the run's seed: the same dropout masks on every set. A soft
+run's ``val`` arrays are its logits and labels on :data:`VAL_QUESTIONS` validation questions (a
+fixed random subset of the held-out training images'), for temperature scaling.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def shift_arrays(run_dir: Path, draws: int = DRAWS) -> dict[str, np.ndarray]:
     rows = uncertainty_rows(test, settings.uncertainty_questions, settings.split_seed)
     clean = grid_features(model, test, batch)
     noise = feature_noise(clean.shape, settings.noise_seed)
-    features = {"id": clean, **{noise_set(v): noisy(clean, noise, v) for v in noise_levels(settings.noise_variance, settings.noise_sweep)}}
+    levels = noise_levels(settings.noise_variance, settings.noise_sweep)
+    features = {"id": clean, **{noise_set(v): noisy(clean, noise, v) for v in levels}}
     modes = sampling_modes(model)
     deterministic = modes == ["mc_dropout"]
     drawing = dataclasses.replace(settings, samples=draws)
