@@ -16,6 +16,7 @@ from experiments.gat.uncertainty import long_format, reliability_curves
 from experiments.records import RunFolder
 from experiments.runner import Task
 from experiments.runner.publishing import Figure, Table, curves_figure, paired_figure
+from experiments.runner.shift_tables import TABLES as SHIFT_TABLES
 
 
 def reliability_figures(task: Task, results: pd.DataFrame, folder: RunFolder, path: Path) -> list[Path]:
@@ -27,9 +28,6 @@ def reliability_figures(task: Task, results: pd.DataFrame, folder: RunFolder, pa
             target = path.with_name(f"{path.stem}_{dataset}{path.suffix}")
             written.append(reliability_diagram(curves, target, title=f"{dataset} test nodes"))
     return written
-
-#: the tables of :mod:`experiments.gat.shift_tables`, per shift
-SHIFT_TABLES = ("detection", "calibration", "paired")
 
 PUBLISHED = (
     Table("gat_accuracy.md", "gat", "accuracy"),

@@ -49,6 +49,8 @@ METHODS = ("soft", "temperature", "MC dropout", "ensemble", *list(SAMPLED)[1:])
 BASELINES = ("soft", "MC dropout", "ensemble")
 #: the score the paired differences compare (the one every method has)
 PAIRED_SCORE = "entropy"
+#: the names of the tables :meth:`ShiftStudy.tables` makes, as the tasks publish them
+TABLES = ("detection", "calibration", "paired")
 
 
 @dataclass(frozen=True)

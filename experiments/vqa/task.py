@@ -115,13 +115,20 @@ class VqaSettings(RunSettings):
     @property
     def sweep_variances(self) -> list[float]:
         """Every noise variance scored: 0 (clean), the noisy data's and the sweep's, ascending."""
-        try:
-            listed = [float(v) for v in self.noise_sweep.split(",") if v.strip()]
-        except ValueError:
-            raise ValueError(f"noise_sweep must be comma-separated numbers, got {self.noise_sweep!r}") from None
-        bad = [v for v in listed if not (math.isfinite(v) and v >= 0)]
-        require(not bad, "noise_sweep", self.noise_sweep, "a list of finite variances >= 0")
-        return sorted({0.0, self.noise_variance, *listed})
+        return sweep_variances(self.noise_variance, self.noise_sweep)
+
+
+def sweep_variances(noise_variance: float, noise_sweep: str) -> list[float]:
+    """The noise variances a run of these settings scores: 0 (clean), ``noise_variance`` and those
+    listed in ``noise_sweep`` (comma-separated), ascending; also read off a run's record by the
+    shift tables (:mod:`experiments.vqa.shift_tables`)."""
+    try:
+        listed = [float(v) for v in noise_sweep.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"noise_sweep must be comma-separated numbers, got {noise_sweep!r}") from None
+    bad = [v for v in listed if not (math.isfinite(v) and v >= 0)]
+    require(not bad, "noise_sweep", noise_sweep, "a list of finite variances >= 0")
+    return sorted({0.0, noise_variance, *listed})
 
 
 def presets(dataset: str, variant: str) -> dict[str, Any]:

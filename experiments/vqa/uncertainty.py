@@ -71,13 +71,15 @@ def noisy(clean: torch.Tensor, noise: torch.Tensor, variance: float) -> torch.Te
 
 
 @torch.no_grad()
-def posterior_mean_logits(model: VqaModel, split: VqaSplit, batch: int, features: Optional[torch.Tensor] = None) -> torch.Tensor:
+def posterior_mean_logits(model: VqaModel, split: VqaSplit, batch: int, features: Optional[torch.Tensor] = None,
+                          rows: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Logits ``[questions, answers]`` of the posterior-mean prediction (eval mode: every attention
-    replaced by its mean, no dropout), from the images or from per-image grid ``features``; on the CPU."""
+    replaced by its mean, no dropout) of the questions ``rows`` (default: all), from the images or
+    from per-image grid ``features``; on the CPU."""
     model.eval()
     device = model_device(model)
     logits = []
-    for rows in torch.arange(len(split)).split(batch):
+    for rows in (torch.arange(len(split)) if rows is None else rows).split(batch):
         words = split.question_words(rows).to(device)
         if features is None:
             logits.append(model.network(words, split.question_images(rows).to(device)).cpu())
@@ -87,8 +89,9 @@ def posterior_mean_logits(model: VqaModel, split: VqaSplit, batch: int, features
 
 
 def uncertainty_rows(split: VqaSplit, count: int, seed: int) -> torch.Tensor:
-    """The test questions the posterior draws score: a fixed random ``count`` of them (the same
-    for every run of a seed), or all when ``count`` is 0."""
+    """The questions of ``split`` the posterior draws score (test) or a temperature is fitted on
+    (validation): a fixed random ``count`` of them (the same for every run of a seed), or all when
+    ``count`` is 0."""
     if count == 0 or count >= len(split):
         return torch.arange(len(split))
     chosen = np.random.default_rng(seed).choice(len(split), size=count, replace=False)
