@@ -384,7 +384,7 @@ def drawing_case():
 def test_two_processes_draw_their_share_of_the_evaluation_set_and_gather_one_processes_draws(tmp_path):
     """Each process draws only its batches (batch b on process b % 2: every pass of batch 1 on
     process 1, of batches 0 and 2 on process 0), no collective runs during the draws but the one
-    gather of the results (DDP's forward would synchronize every pass), and the gathered draws are
+    gather of the results (a pass through DDP's wrapper can synchronize), and the gathered draws are
     one process's for the seed, bit for bit."""
 
     def process() -> None:

@@ -7,7 +7,7 @@ processes. Each item is drawn with its own seed, derived from the run's seed and
 (:func:`~bam_pyro.training.stream_seed`), under :func:`~bam_pyro.training.seeded`: what an item draws
 does not depend on which process drew it or what ran before, so the gathered draws are exactly one
 process's. The draws run the model itself (never the data-parallel wrapper the trainer steps through,
-whose forward would synchronize the processes), without gradients.
+whose forward can synchronize the processes: DDP may broadcast buffers before a pass), without gradients.
 """
 
 from __future__ import annotations
