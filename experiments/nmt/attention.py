@@ -110,9 +110,13 @@ def posterior_chains(model: BamModel | LatentAlignmentModel, batch: ParallelBatc
     """Posterior and prior chains of the batch's attention (see module doc), laid out by :func:`as_entries`;
     each process of ``engine`` draws its share of the chains (:func:`~bam_pyro.diagnostics.seeded_chains`)."""
     if isinstance(model, LatentAlignmentModel):
-        pairs = seeded_chains(lambda: alignment_draws(model, batch, draws), seed, chains, engine)
-        return ([{SITE: as_entries(posterior, batch).cpu().numpy()} for posterior, _ in pairs],
-                [{SITE: as_entries(prior.expand_as(posterior), batch).cpu().numpy()} for posterior, prior in pairs])
+        def chain() -> tuple[Chain, Chain]:  # NumPy arrays: what a process hands the others
+            posterior, prior = alignment_draws(model, batch, draws)
+            return ({SITE: as_entries(posterior, batch).cpu().numpy()},
+                    {SITE: as_entries(prior.expand_as(posterior), batch).cpu().numpy()})
+
+        pairs = seeded_chains(chain, seed, chains, engine)
+        return [posterior for posterior, _ in pairs], [prior for _, prior in pairs]
     return attention_chains(model, batch.inputs, draws, seed=seed, chains=chains, layers=[SITE],
                             select_attention=lambda weights: as_entries(weights, batch),
                             probs_fn=reference_probability(batch), chunk_size=min(draws, 50), engine=engine)
