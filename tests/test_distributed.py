@@ -344,6 +344,11 @@ def test_data_parallel_replicas_are_refused_by_name():
 # --- posterior draws shared out over the processes ------------------------------------------------
 
 
+def gloo_collectives(profile: torch.profiler.profile) -> int:
+    """The collectives a profiled block ran over gloo (the process group records each as ``gloo:<op>``)."""
+    return sum(event.count for event in profile.key_averages() if event.key.startswith("gloo:"))
+
+
 def drawing_case():
     """A tiny BERT with BAM-WC attention (the same on every process), set up for data-parallel
     training as the trainer sets it up, and ten examples of distinct lengths: evaluation batches of
@@ -374,9 +379,8 @@ def drawing_case():
         model.network.register_forward_pre_hook(lambda module, args: passes.append(args[0].size(1)))
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
             probs, labels = posterior_probs(model, data, 1, pad, draws=3, seed=5, engine=engine)
-        collectives = sum(event.count for event in profile.key_averages() if event.key.startswith("gloo:"))
         return {"probs": torch.from_numpy(probs), "labels": torch.from_numpy(labels), "passes": passes,
-                "collectives": collectives}
+                "collectives": gloo_collectives(profile)}
 
     return draw
 
@@ -392,7 +396,7 @@ def test_two_processes_draw_their_share_of_the_evaluation_set_and_gather_one_pro
         drawn = drawing_case()(engine)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
             engine.gather([])
-        drawn["gather_collectives"] = sum(event.count for event in profile.key_averages() if event.key.startswith("gloo:"))
+        drawn["gather_collectives"] = gloo_collectives(profile)
         torch.save(drawn, tmp_path / f"rank{engine.rank}.pt")
 
     run_two_processes(process)
