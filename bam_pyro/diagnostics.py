@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
 
 import numpy as np
-import pyro
-import pyro.util
 import torch
 
+from .distributed import Engine, LocalEngine
 from .model import BamModel
 from .optional import require
 from .predictive import predictive_draws, softmax_probs
+from .training import seeded
 from .validation import whole_number
 
 az = require("arviz", "bam_pyro.diagnostics")
@@ -172,20 +172,19 @@ def chain_seeds(seed: int, chains: int) -> list[int]:
     return [seed + chain for chain in range(chains)]
 
 
-def seeded_chains(draw: Callable[[], T], seed: int, chains: int) -> list[T]:
+def seeded_chains(draw: Callable[[], T], seed: int, chains: int, engine: Optional[Engine] = None) -> list[T]:
     """``draw()`` once per chain, with torch's, NumPy's and Python's RNGs seeded by
-    :func:`chain_seeds`. The caller's RNG states are restored afterwards: drawing diagnostics
-    leaves the rest of a run's randomness as it was."""
-    state = pyro.util.get_rng_state()
-    outcomes = []
-    try:
-        with torch.random.fork_rng():  # also the CUDA generators
-            for chain_seed in chain_seeds(seed, chains):
-                pyro.set_rng_seed(chain_seed)
-                outcomes.append(draw())
-    finally:
-        pyro.util.set_rng_state(state)
-    return outcomes
+    :func:`chain_seeds` (:func:`~bam_pyro.training.seeded`: the caller's RNG states are restored
+    afterwards, so drawing diagnostics leaves the rest of a run's randomness as it was). With the
+    ``engine`` of several processes, each draws its share of the chains and every process gets them
+    all (:meth:`~bam_pyro.distributed.LocalEngine.share`): the chains of one process."""
+    seeds = chain_seeds(seed, chains)
+
+    def chain(index: int) -> T:
+        with seeded(seeds[index]):
+            return draw()
+
+    return (engine or LocalEngine()).share(chain, chains)
 
 
 def attention_chains(
@@ -199,6 +198,7 @@ def attention_chains(
     select_attention: Callable[[torch.Tensor], torch.Tensor],
     probs_fn: Callable[[Any], torch.Tensor] = softmax_probs,
     chunk_size: int = 100,
+    engine: Optional[Engine] = None,
 ) -> tuple[list[Chain], list[Chain]]:
     """Posterior and prior chains of the attention of ``layers`` (:func:`seeded_chains` of
     :func:`~bam_pyro.predictive.predictive_draws` in eval mode: the attention noise q(S | Phi) alone).
@@ -206,7 +206,8 @@ def attention_chains(
     ``select_attention`` maps a chunk of a layer's weights to ``[draws, head, query, key]``, NaN
     where an entry does not exist (e.g. :func:`gather` for graph neighbourhoods). The prior chains
     hold the prior's location beside each draw, laid out the same and normalized over each query's
-    keys: the prior's attention. ``probs_fn`` as in ``predictive_draws``.
+    keys: the prior's attention. ``probs_fn`` as in ``predictive_draws``; ``engine`` as in
+    :func:`seeded_chains`.
     """
 
     def draw() -> tuple[Chain, Chain]:
@@ -216,7 +217,7 @@ def attention_chains(
         prior = {layer: (p / p.nansum(-1, keepdim=True)).cpu().numpy() for layer, p in result.prior_location.items()}
         return posterior, prior
 
-    pairs = seeded_chains(draw, seed, chains)
+    pairs = seeded_chains(draw, seed, chains, engine)
     return [posterior for posterior, _ in pairs], [prior for _, prior in pairs]
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional, Union, get_args
+from typing import Any, Callable, Literal, Optional, TypeVar, Union, get_args
 
 import torch
 from torch import Tensor, nn
@@ -34,6 +34,7 @@ Precision = Literal["32-true", "bf16-mixed", "16-mixed"]
 ACCELERATORS: tuple[str, ...] = get_args(Accelerator)
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
+T = TypeVar("T")
 
 
 def launched_processes_per_node() -> Optional[int]:
@@ -140,6 +141,17 @@ class LocalEngine:
     def gather(self, value: Any) -> list[Any]:
         """Every process's ``value``, in rank order, on every process."""
         return [value]
+
+    def share(self, work: Callable[[int], T], count: int) -> list[T]:
+        """``[work(i) for i in range(count)]`` on every process, each process computing only its
+        share (item ``i`` on process ``i % world_size``), the results gathered in item order: work
+        that several processes split rather than repeat (posterior draws of an evaluation set).
+        ``work`` must run no collective (the shares may differ by an item) and should return small
+        CPU values (they travel pickled). Results equal one process's only where ``work(i)``
+        depends on ``i`` alone (its randomness seeded by ``i``, not drawn from the process's stream)."""
+        own = [work(i) for i in range(self.rank, count, self.world_size)]
+        shares = self.gather(own)
+        return [shares[i % self.world_size][i // self.world_size] for i in range(count)]
 
     def save(self, path: os.PathLike, state: dict[str, Any]) -> None:
         """Write ``state`` to ``path`` (from process 0 only, once every process has called this)."""

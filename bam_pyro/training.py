@@ -53,6 +53,7 @@ import os
 import random
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
@@ -96,10 +97,25 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
-def process_seed(seed: int, rank: int) -> int:
-    """The seed of process ``rank``'s own random stream in a run seeded with ``seed``: independent
-    streams per process (NumPy's ``SeedSequence``), none of them another seed's stream."""
-    return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
+def stream_seed(seed: int, index: int) -> int:
+    """The seed of random stream ``index`` of a run seeded with ``seed`` (a process's own stream in
+    training, one item's draws in :func:`seeded`): independent streams (NumPy's ``SeedSequence``),
+    none of them another seed's stream."""
+    return int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
+
+
+@contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """The block with Python, NumPy, torch and Pyro seeded by ``seed``, the caller's RNG states (CUDA's
+    too) restored afterwards: draws reproduced from their seed alone, whatever process makes them and
+    whatever ran before, which leave the rest of a run's randomness as it was."""
+    state = pyro.util.get_rng_state()
+    try:
+        with torch.random.fork_rng():
+            pyro.set_rng_seed(seed)
+            yield
+    finally:
+        pyro.util.set_rng_state(state)
 
 
 def shard(items: Iterable[Any], rank: int, world_size: int) -> Iterator[Any]:
@@ -388,7 +404,7 @@ class SVITrainer:
             self.load(self.checkpoint, early_stopping)
         elif engine.world_size > 1:
             self.batch_rng = engine.broadcast(rng_state())
-            seed_everything(process_seed(engine.broadcast(torch.initial_seed()), engine.rank))
+            seed_everything(stream_seed(engine.broadcast(torch.initial_seed()), engine.rank))
         if steps_per_epoch:
             steps_per_epoch = -(-steps_per_epoch // engine.world_size)  # this process's share
         self.plan = {"max_epochs": max_epochs, "steps_per_epoch": steps_per_epoch}

@@ -339,3 +339,74 @@ def test_data_parallel_replicas_are_refused_by_name():
         replicate_on_cpu(layer)(x, x, x)
     layer(x, x, x)  # the original still runs
     assert torch.nn.DataParallel(layer)(x, x, x)[0].shape == (2, 5, 8)  # without GPUs it calls the module itself
+
+
+# --- posterior draws shared out over the processes ------------------------------------------------
+
+
+def gloo_collectives(profile: torch.profiler.profile) -> int:
+    """The collectives a profiled block ran over gloo (the process group records each as ``gloo:<op>``)."""
+    return sum(event.count for event in profile.key_averages() if event.key.startswith("gloo:"))
+
+
+def drawing_case():
+    """A tiny BERT with BAM-WC attention (the same on every process), set up for data-parallel
+    training as the trainer sets it up, and ten examples of distinct lengths: evaluation batches of
+    four, their padded lengths 4, 8 and 10. Returns a function that draws them under ``engine``,
+    with the padded length of every network pass and the collectives it ran."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from bam_pyro import AttentionGuide, ObjectiveConfig
+    from bam_pyro.distributed import ElboLoss
+    from bam_pyro.elbo import AttentionMeanFieldELBO
+    from bam_pyro.transformers import build_sequence_model
+    from experiments.glue.data import Encoded
+    from experiments.glue.task import posterior_probs
+
+    from .test_glue import collator
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+    model = build_sequence_model(BertForSequenceClassification(config), 2, BamConfig("wc", k=5.0), ObjectiveConfig())
+    lengths = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    data = Encoded([list(range(5, 5 + n)) for n in lengths], [[0] * n for n in lengths], torch.arange(10) % 2)
+    pad = collator()
+
+    def draw(engine):
+        engine.setup(ElboLoss(model, AttentionGuide(model.model), AttentionMeanFieldELBO()),
+                     torch.optim.SGD(model.parameters(), lr=0.1))
+        passes = []
+        model.network.register_forward_pre_hook(lambda module, args: passes.append(args[0].size(1)))
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            probs, labels = posterior_probs(model, data, 1, pad, draws=3, seed=5, engine=engine)
+        return {"probs": torch.from_numpy(probs), "labels": torch.from_numpy(labels), "passes": passes,
+                "collectives": gloo_collectives(profile)}
+
+    return draw
+
+
+def test_two_processes_draw_their_share_of_the_evaluation_set_and_gather_one_processes_draws(tmp_path):
+    """Each process draws only its batches (batch b on process b % 2: every pass of batch 1 on
+    process 1, of batches 0 and 2 on process 0), no collective runs during the draws but the one
+    gather of the results (a pass through DDP's wrapper can synchronize), and the gathered draws are
+    one process's for the seed, bit for bit."""
+
+    def process() -> None:
+        engine = engine_for(DeviceSettings(accelerator="cpu"))
+        drawn = drawing_case()(engine)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            engine.gather([])
+        drawn["gather_collectives"] = gloo_collectives(profile)
+        torch.save(drawn, tmp_path / f"rank{engine.rank}.pt")
+
+    run_two_processes(process)
+    torch.set_num_threads(1)  # as the two processes: the same kernels, the same bits
+    one = drawing_case()(LocalEngine())
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
+    per_batch = len(one["passes"]) // 3  # Predictive's passes of one batch
+    assert one["passes"] == [4] * per_batch + [8] * per_batch + [10] * per_batch
+    assert ranks[0]["passes"] == [4] * per_batch + [10] * per_batch and ranks[1]["passes"] == [8] * per_batch
+    for drawn in ranks:
+        assert 0 < drawn["collectives"] == drawn["gather_collectives"]
+        assert torch.equal(drawn["probs"], one["probs"]) and torch.equal(drawn["labels"], one["labels"])
+    assert one["probs"].shape == (3, 10, 2) and one["probs"].std(0).max() > 0  # draws that differ

@@ -118,8 +118,8 @@ def test_mc_dropout_draws_differ_and_soft_deterministic_ones_do_not(trained, tex
     from experiments.runner import load_trained
 
     _, data, model = load_trained(TASK, RunFolder(trained).run_dir("sst2-soft-seed0"), str(text_root))
-    dropped, _ = posterior_probs(model, data.scored, 8, data.collator, draws=4, dropout=True)
-    still, _ = posterior_probs(model, data.scored, 8, data.collator, draws=4)
+    dropped, _ = posterior_probs(model, data.scored, 8, data.collator, draws=4, seed=0, dropout=True)
+    still, _ = posterior_probs(model, data.scored, 8, data.collator, draws=4, seed=0)
     assert dropped.shape == (4, DEV, 2) and dropped.std(0).max() > 1e-4
     assert still.shape == (2, DEV, 2) and np.array_equal(still[0], still[1])  # soft attention is a point mass
     assert not model.network.training  # the draws leave the model in eval mode

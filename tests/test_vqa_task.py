@@ -54,9 +54,9 @@ def test_feature_noise_reaches_the_test_data_only(few, tmp_path, monkeypatch):
     the clean grid features and the same features plus sqrt(variance) times the seeded noise."""
     scored = []
 
-    def recording(model, split, features, condition, chosen, rows):
+    def recording(model, split, features, condition, chosen, rows, engine):
         scored.append((condition, features))
-        return condition_metrics(model, split, features, condition, chosen, rows)
+        return condition_metrics(model, split, features, condition, chosen, rows, engine)
 
     monkeypatch.setattr(experiments.vqa.task, "condition_metrics", recording)
     states = []

@@ -181,9 +181,9 @@ def train(settings: GatSettings, graph, run: RunContext) -> dict[str, float]:
     metrics = {"val_acc": 100 * node_metrics(logits, data.y, data.val_mask)[1],
                "test_acc": 100 * node_metrics(logits, data.y, data.test_mask)[1]}
     if settings.samples:
-        metrics.update(score_modes(model, data, settings, run.folder))
+        metrics.update(score_modes(model, data, settings, run.folder, run.engine))
     if settings.chains and settings.attention.prior is not None:
-        attention_diagnostics(model, data, settings, run.folder)
+        attention_diagnostics(model, data, settings, run.folder, run.engine)
     return metrics
 
 

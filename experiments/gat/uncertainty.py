@@ -11,7 +11,7 @@ columns ``m.<metric>``; the test nodes' mean predictive probabilities go into th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Optional
 
 import numpy as np
 import pandas as pd
@@ -23,9 +23,10 @@ from bam_pyro.diagnostics import AttentionDiagnostics, attention_chains, gather,
 from bam_pyro.metrics import PAVPU_THRESHOLDS, Reliability, reliability, uncertainty_report
 from analysis.plots import neighbourhood_forest, prior_posterior, reliability_diagram, variant_comparison
 from analysis.tables import format_mean_std
+from bam_pyro.distributed import Engine
 from bam_pyro.predictive import attention_site_names, predictive_draws
-from bam_pyro.training import seed_everything
 from experiments.records import RunFolder, read_arrays
+from experiments.runner.draws import shared_draws
 from experiments.runner.shift_draws import sampling_modes
 from bam_pyro.pyg import NodeClassifier
 
@@ -37,28 +38,41 @@ MODE_NOTE = {
 METRICS = ["sample_acc", "nll", "brier", "ece", "entropy", "mutual_info", *(f"pavpu@{t:g}" for t in PAVPU_THRESHOLDS)]
 
 
-def score_modes(model: NodeClassifier, data, settings, folder: Path) -> dict[str, float]:
-    """Every mode's metrics of ``settings.samples`` draws on the test nodes; saves their mean
-    probabilities (with the labels) into ``folder``."""
+def score_modes(model: NodeClassifier, data, settings, folder: Path, engine: Optional[Engine] = None) -> dict[str, float]:
+    """Every mode's metrics of ``settings.samples`` draws on the test nodes (:func:`draws_on_test_nodes`);
+    saves their mean probabilities (with the labels) into ``folder``."""
     metrics = {}
-    test = data.test_mask.nonzero().flatten()
+    labels = data.y[data.test_mask].cpu()
     for mode in sampling_modes(model):
-        dropout = "dropout" in mode
-        seed_everything(settings.seed)
-        with torch.no_grad():
-            draws = predictive_draws(model, (data.x, data.edge_index), settings.samples, dropout=dropout,
-                                     chunk_size=settings.dropout_chunk if dropout else settings.chunk)
-        samples = draws.probs[:, test].double()
-        samples = samples / samples.sum(-1, keepdim=True)
-        metrics.update(uncertainty_report(samples, data.y[test], prefix=f"{mode}."))
+        samples = draws_on_test_nodes(model, data, settings, "dropout" in mode, engine)
+        metrics.update(uncertainty_report(samples, labels, prefix=f"{mode}."))
         folder.mkdir(parents=True, exist_ok=True)
-        np.savez(folder / f"{mode}-probs.npz", probs=samples.mean(0).cpu().numpy(), labels=data.y[test].cpu().numpy())
+        np.savez(folder / f"{mode}-probs.npz", probs=samples.mean(0).numpy(), labels=labels.numpy())
     return metrics
 
 
-def attention_diagnostics(model: NodeClassifier, data, settings, folder: Path) -> None:
+def draws_on_test_nodes(model: NodeClassifier, data, settings, dropout: bool, engine: Optional[Engine] = None) -> torch.Tensor:
+    """``settings.samples`` draws of the test nodes' class probabilities ``[samples, nodes, classes]``
+    (float64, on the CPU). A draw is a pass over the whole graph, so the draws are split into
+    chunks (``settings.chunk``, with MC dropout ``settings.dropout_chunk``): chunk ``c`` is drawn
+    seeded by (the run's seed, ``c``), by its share's process of ``engine``'s
+    (:func:`~experiments.runner.draws.shared_draws`): the same draws on any number of processes."""
+    test = data.test_mask.nonzero().flatten()
+    chunk = settings.dropout_chunk if dropout else settings.chunk
+    sizes = [min(chunk, settings.samples - start) for start in range(0, settings.samples, chunk)]
+
+    def draw(index: int) -> torch.Tensor:
+        return predictive_draws(model, (data.x, data.edge_index), sizes[index], dropout=dropout,
+                                chunk_size=chunk).probs[:, test].cpu()
+
+    samples = torch.cat(shared_draws(draw, len(sizes), settings.seed, engine)).double()
+    return samples / samples.sum(-1, keepdim=True)
+
+
+def attention_diagnostics(model: NodeClassifier, data, settings, folder: Path, engine: Optional[Engine] = None) -> None:
     """ArviZ data, summary and plots of the attention into a few test nodes (:mod:`bam_pyro.diagnostics`),
-    ``settings.chains`` independent chains of ``settings.samples`` (at least 100) draws each."""
+    ``settings.chains`` independent chains of ``settings.samples`` (at least 100) draws each (each
+    process of ``engine`` drawing its share of the chains)."""
     edges = add_self_loops(remove_self_loops(data.edge_index)[0], num_nodes=data.num_nodes)[0]
     in_degree = degree(edges[1], data.num_nodes)
     test = data.test_mask.nonzero().flatten()
@@ -67,7 +81,7 @@ def attention_diagnostics(model: NodeClassifier, data, settings, folder: Path) -
     layers = attention_site_names(model)
     posterior, prior = attention_chains(model, (data.x, data.edge_index), max(settings.samples, 100), seed=settings.seed,
                                         chains=settings.chains, layers=layers, select_attention=lambda w: gather(w, hoods),
-                                        chunk_size=settings.chunk)
+                                        chunk_size=settings.chunk, engine=engine)
     diagnostics = AttentionDiagnostics.of(posterior, prior, queries=nodes, key_node=hoods.sources)
     diagnostics.write(folder / "diagnostics")
     neighbourhood_forest(diagnostics.idata, layers[0], nodes[0], folder / "figures" / "forest.png")

@@ -22,7 +22,6 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from bam_pyro.training import seed_everything
 from experiments.glue.data import Encoded, encode, evaluation_order
 from experiments.glue.shift import ID_TASK, MAX_OOD, ood_frames, temperature_examples
 from experiments.glue.task import TASK, GlueSettings, posterior_probs, predict
@@ -68,8 +67,7 @@ def shift_arrays(run_dir: Path, data_root: Optional[str], draws: int = DRAWS,
         if deterministic:
             arrays[f"{name}.logits"] = in_data_order(encoded, predict(model.network, encoded, size, data.collator)[0]).astype(np.float16)
         for mode in modes:
-            seed_everything(settings.seed)
-            probs, _ = posterior_probs(model, encoded, size, data.collator, draws, dropout="dropout" in mode)
+            probs, _ = posterior_probs(model, encoded, size, data.collator, draws, seed=settings.seed, dropout="dropout" in mode)
             arrays[f"{name}.{mode}.probs"], arrays[f"{name}.{mode}.mutual_info"] = summarize_draws(in_data_order(encoded, probs, axis=1))
     return arrays
 

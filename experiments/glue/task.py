@@ -31,10 +31,12 @@ from transformers import get_linear_schedule_with_warmup
 from bam_pyro.metrics import uncertainty_report
 from analysis.tables import paired_difference, summarize
 from bam_pyro import AttentionGuide, BamModel
+from bam_pyro.distributed import Engine
 from bam_pyro.predictive import has_stochastic_attention, predictive_draws
 from bam_pyro.training import seed_everything
 from experiments.glue.data import TASKS, Encoded, GlueData, batches, load_glue, task_metrics
 from experiments.runner import RunContext, RunSettings, Task, model_device, positive, require, run_cli
+from experiments.runner.draws import shared_draws
 from bam_pyro.transformers import DEFAULT_MODEL, build_sequence_model, resolve_pretrained
 
 #: Weibull shape k per task (paper, Table 9); tasks the paper does not list use 100.
@@ -95,23 +97,27 @@ def predict(network: torch.nn.Module, data: Encoded, batch_size: int, collator) 
     return torch.cat(outputs).cpu().numpy(), torch.cat(labels).cpu().numpy()
 
 
-def posterior_probs(bam_model: BamModel, data: Encoded, batch_size: int, collator, draws: int,
-                    dropout: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def posterior_probs(bam_model: BamModel, data: Encoded, batch_size: int, collator, draws: int, *, seed: int,
+                    dropout: bool = False, engine: Optional[Engine] = None) -> tuple[np.ndarray, np.ndarray]:
     """Class probabilities ``[draws, n, classes]`` of posterior draws
     (:func:`bam_pyro.predictive.predictive_draws`: eval mode, every attention drawn from q, no
     dropout), and the labels, both in :func:`~experiments.glue.data.evaluation_order`; the draws of
     a batch run as one pass, folded into the batch (:mod:`bam_pyro.transformers.folding`). A network
     without stochastic attention (soft) is a point mass: two draws, the fewest the metrics take.
     ``dropout``: MC dropout besides, the network's own dropout on in every draw (then each draw is a
-    pass of its own, and a soft network gets ``draws`` draws too)."""
+    pass of its own, and a soft network gets ``draws`` draws too). Batch ``b`` is drawn seeded by
+    ``(seed, b)``, by its share's process of ``engine``'s (:func:`~experiments.runner.draws.shared_draws`):
+    the same draws on any number of processes."""
     stochastic = dropout or has_stochastic_attention(bam_model)
     device = model_device(bam_model)
-    samples, labels = [], []
-    for args, targets in batches(data, 4 * batch_size, collator, shuffle=False):
-        args = tuple(arg.to(device) for arg in args)
-        samples.append(predictive_draws(bam_model, args, draws if stochastic else 2, dropout=dropout).probs)
-        labels.append(targets["labels"])
-    return torch.cat(samples, dim=1).cpu().numpy(), torch.cat(labels).cpu().numpy()
+    scored = list(batches(data, 4 * batch_size, collator, shuffle=False))
+
+    def draw(index: int) -> torch.Tensor:
+        args = tuple(arg.to(device) for arg in scored[index][0])
+        return predictive_draws(bam_model, args, draws if stochastic else 2, dropout=dropout).probs.cpu()
+
+    samples = shared_draws(draw, len(scored), seed, engine)
+    return torch.cat(samples, dim=1).numpy(), torch.cat([targets["labels"] for _, targets in scored]).numpy()
 
 
 def scores(task: str, outputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
@@ -149,7 +155,8 @@ def train(settings: GlueSettings, data: GlueData, run: RunContext) -> dict[str, 
     metrics = {name: final[name] for name in TASKS[settings.task].metrics}
     metrics["train_loss"] = final["loss"]
     if settings.draws:
-        samples, labels = posterior_probs(bam_model, data.scored, settings.batch_size, data.collator, settings.draws)
+        samples, labels = posterior_probs(bam_model, data.scored, settings.batch_size, data.collator, settings.draws,
+                                          seed=settings.seed, engine=run.engine)
         report = uncertainty_report(samples, labels)
         metrics.update({name: report[name] for name in UNCERTAINTY})
     return metrics

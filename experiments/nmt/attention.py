@@ -43,6 +43,7 @@ from analysis.plots import plt, save_figure
 from bam_pyro import BamModel
 from bam_pyro.alignment import ALIGNMENT, LatentAlignmentModel, guide_for, masked_scores
 from bam_pyro.diagnostics import AttentionDiagnostics, Chain, attention_chains, seeded_chains
+from bam_pyro.distributed import Engine
 from experiments.nmt.multi30k import EncodedSplit, Multi30k, ParallelBatch
 from experiments.runner import model_device
 
@@ -105,15 +106,20 @@ def alignment_draws(model: LatentAlignmentModel, batch: ParallelBatch, draws: in
 
 
 def posterior_chains(model: BamModel | LatentAlignmentModel, batch: ParallelBatch, draws: int, seed: int,
-                     chains: int) -> tuple[list[Chain], list[Chain]]:
-    """Posterior and prior chains of the batch's attention (see module doc), laid out by :func:`as_entries`."""
+                     chains: int, engine: Optional[Engine] = None) -> tuple[list[Chain], list[Chain]]:
+    """Posterior and prior chains of the batch's attention (see module doc), laid out by :func:`as_entries`;
+    each process of ``engine`` draws its share of the chains (:func:`~bam_pyro.diagnostics.seeded_chains`)."""
     if isinstance(model, LatentAlignmentModel):
-        pairs = seeded_chains(lambda: alignment_draws(model, batch, draws), seed, chains)
-        return ([{SITE: as_entries(posterior, batch).cpu().numpy()} for posterior, _ in pairs],
-                [{SITE: as_entries(prior.expand_as(posterior), batch).cpu().numpy()} for posterior, prior in pairs])
+        def chain() -> tuple[Chain, Chain]:  # NumPy arrays: what a process hands the others
+            posterior, prior = alignment_draws(model, batch, draws)
+            return ({SITE: as_entries(posterior, batch).cpu().numpy()},
+                    {SITE: as_entries(prior.expand_as(posterior), batch).cpu().numpy()})
+
+        pairs = seeded_chains(chain, seed, chains, engine)
+        return [posterior for posterior, _ in pairs], [prior for _, prior in pairs]
     return attention_chains(model, batch.inputs, draws, seed=seed, chains=chains, layers=[SITE],
                             select_attention=lambda weights: as_entries(weights, batch),
-                            probs_fn=reference_probability(batch), chunk_size=min(draws, 50))
+                            probs_fn=reference_probability(batch), chunk_size=min(draws, 50), engine=engine)
 
 
 def heatmap(mean: np.ndarray, spread: np.ndarray, prior: np.ndarray, source: list[str], target: list[str], path: Path) -> Path:
@@ -141,15 +147,16 @@ def pieces(data: Multi30k, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
 
 def attention_uncertainty(model: BamModel | LatentAlignmentModel, data: Multi30k, folder: Path, draws: int = 100,
                           seed: int = 0, sentences: Sequence[int] = SENTENCES, chains: int = CHAINS,
-                          split: Optional[EncodedSplit] = None) -> dict[str, Path]:
+                          split: Optional[EncodedSplit] = None, engine: Optional[Engine] = None) -> dict[str, Path]:
     """Draw the attention posterior of ``sentences`` of ``split`` (default: validation) and write
-    the figure of the first and the diagnostics of all (see module doc). Returns the written paths."""
+    the figure of the first and the diagnostics of all (see module doc; each process of ``engine`` draws
+    its share of the chains). Returns the written paths."""
     split = data.val if split is None else split
     for sentence in sentences:
         if not 0 <= sentence < len(split):
             raise ValueError(f"sentence {sentence} is out of range: the split has {len(split)} sentences (0-{len(split) - 1})")
     batch = split.batch(list(sentences)).to(model_device(model))
-    posterior, prior = posterior_chains(model, batch, draws, seed, chains)
+    posterior, prior = posterior_chains(model, batch, draws, seed, chains, engine)
     folder = Path(folder)
     source, target = pieces(data, batch.src[0], batch.src_mask[0]), pieces(data, batch.tgt_out[0], batch.tgt_mask[0])
     first = np.concatenate([as_sentences(chain[SITE], batch)[:, 0] for chain in posterior])  # the first sentence

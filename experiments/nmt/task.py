@@ -298,7 +298,7 @@ def train_run(settings: NmtSettings, data: Multi30k, run: RunContext) -> dict[st
         scores[f"{name}_bleu"] = bleu(hypotheses, split.references)
         write_lines(run.folder / "translations" / f"{name}.en", hypotheses)
     if settings.seed == settings.uncertainty_seed and settings.uncertainty_draws and has_attention_posterior(settings):
-        attention_uncertainty(model, data, run.folder, draws=settings.uncertainty_draws, seed=settings.seed)
+        attention_uncertainty(model, data, run.folder, draws=settings.uncertainty_draws, seed=settings.seed, engine=run.engine)
     return scores
 
 

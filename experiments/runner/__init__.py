@@ -6,8 +6,10 @@ for every task, one job per module: the declaration (:mod:`~experiments.runner.t
 (:mod:`~experiments.runner.cli`), the sweep (:mod:`~experiments.runner.sweep`), reloading finished runs
 (:mod:`~experiments.runner.trained`) and the tables (:mod:`~experiments.runner.tables`). What several
 tasks share besides lives here too: the epoch loop and parameter counts (:mod:`~experiments.runner.fitting`),
-the benchmarks' measurements (:mod:`~experiments.runner.benchmarking`), the uncertainty-under-shift
-draws and tables (:mod:`~experiments.runner.shift_draws`, :mod:`~experiments.runner.shift_tables`). What the runner does:
+the benchmarks' measurements (:mod:`~experiments.runner.benchmarking`), posterior draws of an
+evaluation set shared out over a run's processes (:mod:`~experiments.runner.draws`), the
+uncertainty-under-shift draws and tables (:mod:`~experiments.runner.shift_draws`,
+:mod:`~experiments.runner.shift_tables`). What the runner does:
 
 - command-line options derived from the settings' fields (``--batch-size`` for ``batch_size``),
   so that a new setting is one line; a value given overrides the preset, which overrides the
@@ -43,6 +45,9 @@ draws and tables (:mod:`~experiments.runner.shift_draws`, :mod:`~experiments.run
   run together (data-parallel, :mod:`bam_pyro.training`): process 0 claims the run and writes its
   checkpoint, record and tables; the others write their artifacts to a scratch folder; the
   metrics a run returns are averaged over the processes (float ones; others are process 0's).
+  Posterior draws after training (uncertainty metrics, attention chains) are split among the
+  processes, each item or chain seeded by itself, and gathered on every process: the draws one
+  process makes, at its cost divided among the processes.
 
       python -m experiments.glue --task rte --accelerator cuda --precision bf16-mixed
       torchrun --standalone --nproc_per_node=4 -m experiments.glue --task rte --accelerator cuda

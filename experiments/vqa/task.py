@@ -179,10 +179,10 @@ def train(settings: VqaSettings, data: EasyVqa, run: RunContext) -> dict[str, fl
     rows = uncertainty_rows(data.test, settings.uncertainty_questions, settings.split_seed)
     conditions = {"clean": clean, "noisy": noisy(clean, noise, settings.noise_variance)}
     for condition, features in conditions.items():
-        metrics.update(condition_metrics(model, data.test, features, condition, settings, rows))
-    metrics.update(noise_sweep(model, data.test, clean, noise, settings, rows, metrics))
+        metrics.update(condition_metrics(model, data.test, features, condition, settings, rows, run.engine))
+    metrics.update(noise_sweep(model, data.test, clean, noise, settings, rows, metrics, run.engine))
     if settings.chains and settings.seed == settings.diagnostics_seed and settings.attention.prior is not None:
-        attention_report(model, data, settings, run.folder)
+        attention_report(model, data, settings, run.folder, run.engine)
     return metrics
 
 

@@ -27,17 +27,18 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-import pyro
 import torch
 
 from bam_pyro.diagnostics import AttentionDiagnostics, Chain, attention_chains
 from bam_pyro.metrics import PAVPU_THRESHOLDS, top_two_pvalues, uncertainty_report
 from analysis.vqa_figures import QuestionView, attention_picture
 from bam_pyro import BamConfig
+from bam_pyro.distributed import Engine
 from bam_pyro.predictive import predictive_draws
 from bam_pyro.training import seed_everything
 from experiments.vqa.easy_vqa import ANSWER_TYPES, EasyVqa, VqaSplit, tokenize, type_key
 from experiments.runner import model_device
+from experiments.runner.draws import shared_draws
 from models.vqa import VqaModel, guided_attention_sites
 
 #: the PAvPU threshold of the headline columns (the paper does not say which it used)
@@ -99,18 +100,20 @@ def uncertainty_rows(split: VqaSplit, count: int, seed: int) -> torch.Tensor:
 
 
 def posterior_probs(model: VqaModel, split: VqaSplit, features: torch.Tensor, mode: str, rows: torch.Tensor,
-                    settings) -> torch.Tensor:
+                    settings, engine: Optional[Engine] = None) -> torch.Tensor:
     """Answer probabilities ``[samples, len(rows), answers]`` of ``settings.samples`` posterior
-    draws in ``mode`` of the questions ``rows``, seeded by the run's seed; on the CPU."""
-    pyro.set_rng_seed(settings.seed)
+    draws in ``mode`` of the questions ``rows``, on the CPU. Batch ``b`` of ``settings.eval_batch``
+    questions is drawn seeded by (the run's seed, ``b``), by its share's process of ``engine``'s
+    (:func:`~experiments.runner.draws.shared_draws`): the same draws on any number of processes."""
     device = model_device(model)
-    probs = []
-    with torch.no_grad():
-        for part in rows.split(settings.eval_batch):
-            inputs = (split.question_words(part).to(device), None, features[split.image_index[part]])
-            draws = predictive_draws(model, inputs, settings.samples, dropout=mode == "full", chunk_size=settings.chunk)
-            probs.append(draws.probs.cpu())
-    probs = torch.cat(probs, dim=1).double()
+    parts = rows.split(settings.eval_batch)
+
+    def draw(index: int) -> torch.Tensor:
+        part = parts[index]
+        inputs = (split.question_words(part).to(device), None, features[split.image_index[part]])
+        return predictive_draws(model, inputs, settings.samples, dropout=mode == "full", chunk_size=settings.chunk).probs.cpu()
+
+    probs = torch.cat(shared_draws(draw, len(parts), settings.seed, engine), dim=1).double()
     return probs / probs.sum(-1, keepdim=True)
 
 
@@ -139,20 +142,20 @@ def uncertainty_by_type(probs: torch.Tensor, split: VqaSplit, rows: torch.Tensor
 
 
 def condition_metrics(model: VqaModel, split: VqaSplit, features: torch.Tensor, condition: str, settings,
-                      rows: torch.Tensor) -> dict[str, float]:
+                      rows: torch.Tensor, engine: Optional[Engine] = None) -> dict[str, float]:
     """Accuracy (posterior mean) on every test question and, with ``settings.samples``, every
     sampling mode's uncertainty metrics on the questions ``rows``, given their grid features."""
     predictions = posterior_mean_logits(model, split, settings.eval_batch, features).argmax(-1)
     metrics = accuracy_by_type(predictions, split, ACCURACY[condition])
     if settings.samples:
         for mode in modes_for(settings.attention):
-            probs = posterior_probs(model, split, features, mode, rows, settings)
+            probs = posterior_probs(model, split, features, mode, rows, settings, engine)
             metrics.update(uncertainty_by_type(probs, split, rows, f"{condition}.{mode}."))
     return metrics
 
 
 def noise_sweep(model: VqaModel, split: VqaSplit, clean: torch.Tensor, noise: torch.Tensor, settings,
-                rows: torch.Tensor, scored: dict[str, float]) -> dict[str, float]:
+                rows: torch.Tensor, scored: dict[str, float], engine: Optional[Engine] = None) -> dict[str, float]:
     """``sweep.<variance>.acc`` (posterior mean, every test question) and, with samples,
     ``sweep.<variance>.pavpu@<t>`` (``full`` mode, the questions ``rows``) for every variance of
     ``settings.sweep_variances``; the clean and noisy data's figures are taken from ``scored``."""
@@ -169,7 +172,7 @@ def noise_sweep(model: VqaModel, split: VqaSplit, clean: torch.Tensor, noise: to
         predictions = posterior_mean_logits(model, split, settings.eval_batch, features).argmax(-1)
         metrics[name + "acc"] = accuracy_by_type(predictions, split, "acc")["acc"]
         if settings.samples:
-            report = uncertainty_report(posterior_probs(model, split, features, "full", rows, settings), split.answers[rows])
+            report = uncertainty_report(posterior_probs(model, split, features, "full", rows, settings, engine), split.answers[rows])
             metrics.update({name + f"pavpu@{t:g}": report[f"pavpu@{t:g}"] for t in PAVPU_THRESHOLDS})
     return metrics
 
@@ -191,7 +194,7 @@ def diagnosed_questions(split: VqaSplit, count: int) -> torch.Tensor:
     return torch.tensor(sorted(chosen))
 
 
-def attention_report(model: VqaModel, data: EasyVqa, settings, folder: Path) -> None:
+def attention_report(model: VqaModel, data: EasyVqa, settings, folder: Path, engine: Optional[Engine] = None) -> None:
     """ArviZ diagnostics (ESS, R-hat, HDI) of the guided attention's posterior q on a few test
     questions (``settings.chains`` chains of ``settings.diag_draws`` draws, eval mode: attention
     noise alone) into ``folder/diagnostics``, and their picture, ``folder/figures/attention.png``.
@@ -207,22 +210,24 @@ def attention_report(model: VqaModel, data: EasyVqa, settings, folder: Path) -> 
     with torch.no_grad():
         inputs = (split.question_words(rows).to(device), None,
                   model.network.image_features(split.question_images(rows).to(device)))
-    posterior, prior = guided_attention_chains(model, inputs, settings)
+    posterior, prior = guided_attention_chains(model, inputs, settings, engine)
     write_diagnostics(posterior, prior, rows, [split.questions[r] for r in rows.tolist()], folder / "diagnostics")
     draw_questions(model, data, rows, inputs, posterior, prior, settings, folder / "figures" / "attention.png")
 
 
-def guided_attention_chains(model: VqaModel, inputs: tuple, settings) -> tuple[list[Chain], list[Chain]]:
-    """Per chain (:func:`bam_pyro.diagnostics.attention_chains`), layer -> guided attention
-    ``[draws, heads, questions, words]`` averaged over the grid cells (NaN at padding), for the
-    posterior and for the prior."""
+def guided_attention_chains(model: VqaModel, inputs: tuple, settings,
+                            engine: Optional[Engine] = None) -> tuple[list[Chain], list[Chain]]:
+    """Per chain (:func:`bam_pyro.diagnostics.attention_chains`, each process of ``engine`` drawing
+    its share of the chains), layer -> guided attention ``[draws, heads, questions, words]``
+    averaged over the grid cells (NaN at padding), for the posterior and for the prior."""
     valid = inputs[0] != 0  # [Q, L]
 
     def grid_average(weights: torch.Tensor) -> torch.Tensor:  # [draws, Q, H, G, L] -> [draws, H, Q, L]
         return weights.double().mean(-2).transpose(1, 2).masked_fill(~valid, math.nan)
 
     return attention_chains(model, inputs, settings.diag_draws, seed=settings.seed, chains=settings.chains,
-                            layers=guided_attention_sites(model), select_attention=grid_average, chunk_size=settings.chunk)
+                            layers=guided_attention_sites(model), select_attention=grid_average, chunk_size=settings.chunk,
+                            engine=engine)
 
 
 def write_diagnostics(posterior: list[Chain], prior: list[Chain], rows: torch.Tensor, questions: list[str],
