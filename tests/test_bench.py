@@ -19,6 +19,8 @@ def test_gat_bench_prints_times_memory_and_ratios(capsys):
     for key in ("gatconv_ms", "soft_ms", "bam_ms", "time_ratio", "gatconv_peak_mb", "bam_peak_mb", "mem_ratio"):
         assert figures[key] >= 0, key
     assert abs(figures["time_ratio"] - figures["bam_ms"] / figures["gatconv_ms"]) < 0.01
+    low, high = figures["bam_over_soft_eager"]["iqr"]  # BAM-WC over soft, per pair of back-to-back steps
+    assert 0 < low <= figures["bam_over_soft_eager"]["median"] <= high
 
 
 def test_gat_bench_raises_its_measuring_process_error(tmp_path):

@@ -8,7 +8,8 @@
 
 Times come from one fresh process that builds all models and takes their steps in turn
 (round-robin), so that every model sees the same machine conditions; each time is the median over
-its timed steps. Memory comes from one fresh process per model, returning freed blocks to the OS
+its timed steps, and ``bam_over_soft_eager`` the median and interquartile range of BAM-WC's step
+over soft's, step by step (the cost of Bayesian attention, with its spread). Memory comes from one fresh process per model, returning freed blocks to the OS
 (:mod:`experiments.runner.benchmarking`): ``*_peak_mb`` is the peak resident memory during a
 training step (the kernel's high-water mark, reset just before it) minus the resident memory before
 it, i.e. what a step needs on top of data and parameters. GATConv and soft are plain
@@ -241,6 +242,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         result["mem_ratio"] = round(peak_mb["wc"] / max(peak_mb["gatconv"], 1e-9), 3)
     if "gatconv" in ms and "soft" in ms:
         result["soft_time_ratio"] = round(ms["soft"] / ms["gatconv"], 3)
+    if "soft" in ms and "wc" in ms:
+        result["bam_over_soft_eager"] = paired_ratio(timed["times"]["wc"], timed["times"]["soft"])
     print(json.dumps(result))
     return result
 
