@@ -19,6 +19,11 @@ so that every draw has its own noise; integer inputs (indices, edges) stay as th
 whose inputs are all integers (token ids and masks) has nothing to carry the draws' dimension, so
 there each draw is a pass of its own (a chunk of one).
 
+The model's targets (the sites ``BamModel.observe`` declares) are not sampled: the draws are of
+class probabilities, and a label drawn for every item in every draw would be thrown away (on Cora,
+the categorical sampling was an eighth of a draw's time). They hold a placeholder of their
+shape instead (:class:`_UnsampledTargets`).
+
 Point predictions are not made here: they keep the posterior-mean rule (eval mode, S replaced
 by its mean, i.e. softmax attention). These draws are for uncertainty.
 """
@@ -34,13 +39,14 @@ import pyro.distributions as dist
 import torch
 from pyro.infer import Predictive
 from pyro.infer.predictive import _predictive_vectorize_plate_name  # private: how to find Predictive's plate (tests/test_private_names.py)
+from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import get_plates
 from torch import Tensor
 
 from .attention import BayesianAttention
 from .attention_map import AttentionMap
 from .guide import AttentionGuide
-from .model import BamModel
+from .model import TARGET, BamModel
 from .validation import whole_number
 
 #: deterministic site holding the class probabilities ``[..., items, classes]`` of one draw
@@ -119,7 +125,8 @@ def predictive_draws(
     def program(*args):
         if expand:
             args = _expand_in_sample_plate(args)
-        outputs = bam_model.model(*args)
+        with _UnsampledTargets():
+            outputs = bam_model.model(*args)
         probs = probs_fn(outputs)
         pyro.deterministic(PROBS_SITE, probs, event_dim=2)
         return outputs
@@ -142,6 +149,18 @@ def predictive_draws(
     draws = PredictiveDraws(_concat({PROBS_SITE: probs})[PROBS_SITE], _concat(attention), _concat(prior))
     _check_probs(draws.probs)
     return draws
+
+
+class _UnsampledTargets(Messenger):
+    """Leaves a model's unobserved targets undrawn: their value is a zero placeholder of the site's
+    shape (a broadcast view on the CPU, no memory), since the draws keep class probabilities, not
+    labels. ``BamModel.model`` discards what its likelihood returns, so nothing reads it."""
+
+    def _pyro_sample(self, msg: dict) -> None:  # the handler Pyro's Messenger subclasses override (tests/test_private_names.py)
+        if msg["value"] is None and msg["infer"].get(TARGET):
+            fn = msg["fn"]
+            dtype = torch.long if fn.support.is_discrete else torch.get_default_dtype()
+            msg["value"] = torch.zeros((), dtype=dtype).expand(fn.batch_shape + fn.event_shape)
 
 
 def prior_location(prior: dist.TorchDistribution) -> Tensor:

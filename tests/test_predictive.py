@@ -140,3 +140,15 @@ def test_a_model_of_integer_inputs_draws_its_noise_per_draw_too():
         draws = predictive_draws(model, (ids, valid), 6, dropout=dropout, chunk_size=6)
         assert draws.probs.shape == (6, 3, C)
         assert draws.probs.std(0).min() > 0, config.variant  # every draw differs from the others
+
+
+def test_targets_are_not_drawn(graph, monkeypatch):
+    """The draws keep class probabilities; a label drawn for every node and draw would be waste."""
+    x, edge_index = graph
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("predictive_draws sampled a target")
+
+    monkeypatch.setattr(torch.distributions.Categorical, "sample", refuse)
+    draws = predictive_draws(classifier("wc", k=2.0), (x, edge_index), 6, chunk_size=4)
+    assert draws.probs.shape == (6, N, C) and draws.probs.std(0).max() > 1e-4
