@@ -19,10 +19,13 @@ so that every draw has its own noise; integer inputs (indices, edges) stay as th
 whose inputs are all integers (token ids and masks) has nothing to carry the draws' dimension, so
 there each draw is a pass of its own (a chunk of one).
 
-The model's targets (the sites ``BamModel.observe`` declares) are not sampled: the draws are of
-class probabilities, and a label drawn for every item in every draw would be thrown away (on Cora,
-the categorical sampling was an eighth of a draw's time). They hold a placeholder of their
-shape instead (:class:`_UnsampledTargets`).
+In the vectorized pass the model's targets (the sites ``BamModel.observe`` declares) are not
+sampled: the draws are of class probabilities, and a label drawn for every item in every draw
+would be thrown away (on Cora, the categorical sampling was an eighth of a draw's time). They hold
+a placeholder of their shape instead (:class:`_UnsampledTargets`). The targets come last in a
+pass, so a chunk's draws from a given random state are those it gave when the labels were drawn;
+``Predictive``'s plate-less probe passes still draw theirs. A later chunk of the same call starts
+where the skipped labels leave the random stream, so its draws differ from those it gave before.
 
 Point predictions are not made here: they keep the posterior-mean rule (eval mode, S replaced
 by its mean, i.e. softmax attention). These draws are for uncertainty.
@@ -39,6 +42,7 @@ import pyro.distributions as dist
 import torch
 from pyro.infer import Predictive
 from pyro.infer.predictive import _predictive_vectorize_plate_name  # private: how to find Predictive's plate (tests/test_private_names.py)
+from pyro.poutine.indep_messenger import CondIndepStackFrame
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import get_plates
 from torch import Tensor
@@ -152,12 +156,12 @@ def predictive_draws(
 
 
 class _UnsampledTargets(Messenger):
-    """Leaves a model's unobserved targets undrawn: their value is a zero placeholder of the site's
+    """Leaves a model's unobserved targets undrawn in ``Predictive``'s vectorized pass: their value is a zero placeholder of the site's
     shape (a broadcast view on the CPU, no memory), since the draws keep class probabilities, not
     labels. ``BamModel.model`` discards what its likelihood returns, so nothing reads it."""
 
     def _pyro_sample(self, msg: dict) -> None:  # the handler Pyro's Messenger subclasses override (tests/test_private_names.py)
-        if msg["value"] is None and msg["infer"].get(TARGET):
+        if msg["value"] is None and msg["infer"].get(TARGET) and _vectorizing_frame() is not None:
             fn = msg["fn"]
             dtype = torch.long if fn.support.is_discrete else torch.get_default_dtype()
             msg["value"] = torch.zeros((), dtype=dtype).expand(fn.batch_shape + fn.event_shape)
@@ -180,14 +184,18 @@ def prior_location(prior: dist.TorchDistribution) -> Tensor:
 
 def _expand_in_sample_plate(args: tuple) -> tuple:
     """Give floating-point inputs the dims of Predictive's vectorizing plate (if it is active)."""
-    frames = [f for f in get_plates() if f.name == _predictive_vectorize_plate_name]
-    if not frames:  # Predictive's unvectorized probe runs: one draw is enough
+    frame = _vectorizing_frame()
+    if frame is None:  # Predictive's unvectorized probe runs: one draw is enough
         return args
-    frame = frames[0]
     lead = (frame.size,) + (1,) * (-frame.dim - 1)
     return tuple(
         a.expand(*lead, *a.shape) if torch.is_tensor(a) and a.is_floating_point() else a for a in args
     )
+
+
+def _vectorizing_frame() -> Optional[CondIndepStackFrame]:
+    """The frame of ``Predictive``'s vectorizing plate while it is active, else None."""
+    return next((f for f in get_plates() if f.name == _predictive_vectorize_plate_name), None)
 
 
 def _concat(chunks: dict[str, list[Tensor]]) -> dict[str, Tensor]:

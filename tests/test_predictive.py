@@ -1,10 +1,13 @@
 """Posterior predictive draws with pyro.infer.Predictive on a small random graph."""
 
+import pyro
 import pytest
 import torch
+from pyro.infer import Predictive
 
 from bam_pyro import BamConfig, ObjectiveConfig
-from bam_pyro.predictive import attention_site_names, predictive_draws
+from bam_pyro.guide import AttentionGuide
+from bam_pyro.predictive import attention_site_names, predictive_draws, softmax_probs
 from models.gat import build_node_classifier
 
 N, F, C, E = 12, 5, 3, 30
@@ -142,13 +145,35 @@ def test_a_model_of_integer_inputs_draws_its_noise_per_draw_too():
         assert draws.probs.std(0).min() > 0, config.variant  # every draw differs from the others
 
 
-def test_targets_are_not_drawn(graph, monkeypatch):
+
+def test_targets_are_drawn_by_the_probe_passes_only(graph, monkeypatch):
     """The draws keep class probabilities; a label drawn for every node and draw would be waste."""
     x, edge_index = graph
+    sampled = []
+    draw = torch.distributions.Categorical.sample
 
-    def refuse(*args, **kwargs):
-        raise AssertionError("predictive_draws sampled a target")
+    def recording(self, *args, **kwargs):
+        sampled.append(tuple(self.batch_shape))
+        return draw(self, *args, **kwargs)
 
-    monkeypatch.setattr(torch.distributions.Categorical, "sample", refuse)
+    monkeypatch.setattr(torch.distributions.Categorical, "sample", recording)
     draws = predictive_draws(classifier("wc", k=2.0), (x, edge_index), 6, chunk_size=4)
     assert draws.probs.shape == (6, N, C) and draws.probs.std(0).max() > 1e-4
+    assert sampled == [(N,)] * 4  # two plate-less probes per chunk, no [draws, N] labels
+
+
+def test_a_chunk_draws_what_it_drew_with_its_labels(graph):
+    """The labels come last in a pass: skipping their draw leaves a chunk's draws as they were."""
+    x, edge_index = graph
+    model = classifier("wc", k=2.0).eval()
+
+    def program(*args):
+        pyro.deterministic("probs", softmax_probs(model.model(*args)), event_dim=2)
+
+    pyro.set_rng_seed(3)
+    with torch.no_grad():
+        trace = Predictive(AttentionGuide(program), num_samples=6, parallel=True).get_vectorized_trace(x, edge_index)
+    assert trace.nodes["y"]["value"].shape == (6, N)  # drawn there
+    pyro.set_rng_seed(3)
+    drawn = predictive_draws(model, (x, edge_index), 6)
+    torch.testing.assert_close(drawn.probs, trace.nodes["probs"]["value"].reshape(6, N, C))
