@@ -13,7 +13,9 @@ import pytest
 import torch
 from scipy.special import softmax
 
+import experiments.results
 from experiments.glue import ood
+from experiments.glue.published import SHIFT
 from experiments.glue.data import beyond_subset, read_split, subset
 from experiments.glue.shift import MULTI30K_FILE, OOD_SETS, TEMPERATURE_EXAMPLES, capped, ood_sentences, temperature_examples
 from experiments.glue.shift_tables import SETS, reliability_figures, risk_coverage_figures, shift_tables
@@ -219,3 +221,23 @@ def test_the_shared_tables_give_the_hand_computed_detection(tmp_path):
     assert paired["AUROC multi30k"].str.startswith("+0.00 ± 0.00").all()
     assert [p.name for p in risk_coverage_figures(TASK, results, folder, tmp_path / "rc.png")] == ["rc_sst2.png"]
     assert reliability_figures(TASK, results, folder, tmp_path / "rel.png")[0].stat().st_size > 0
+
+
+def test_results_publish_the_same_bytes_from_the_same_records(tmp_path, monkeypatch):
+    """``python -m experiments.results glue --add glue-sst2-shift=FOLDER`` with the shift tables
+    published: the records and shift.npz copied, three tables and two figures drawn; drawn again
+    from the copied records, every file is byte for byte the same."""
+    _, folder = fake_folder(tmp_path / "runs")
+    monkeypatch.setitem(experiments.results.PUBLISHED, "glue", SHIFT)
+    records, first, second = tmp_path / "results", tmp_path / "first", tmp_path / "second"
+    written = experiments.results.main(["glue", "--records", str(records), "--out", str(first),
+                                        "--add", f"glue-sst2-shift={folder.out}"])
+    tables = [f"glue_sst2_shift_{name}.md" for name in ("calibration", "detection", "paired")]
+    figures = ["glue_sst2_shift_reliability_sst2.png", "glue_sst2_shift_risk_coverage_sst2.png"]
+    assert sorted(p.name for p in written) == sorted([*tables, *figures])
+    run = sorted((records / "glue-sst2-shift" / "runs").iterdir())[0]
+    assert sorted(p.name for p in run.iterdir()) == ["record.json", SHIFT_FILE]
+    again = experiments.results.build("glue", records, second)
+    assert [p.name for p in again] == [p.name for p in written]
+    for path in written:
+        assert (second / path.name).read_bytes() == path.read_bytes(), path.name
