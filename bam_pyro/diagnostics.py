@@ -30,11 +30,11 @@ from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
 import numpy as np
 import torch
 
-from .distributed import Engine, LocalEngine
+from .distributed import Engine
 from .model import BamModel
 from .optional import require
 from .predictive import predictive_draws, softmax_probs
-from .training import seeded
+from .training import share_seeded
 from .validation import whole_number
 
 az = require("arviz", "bam_pyro.diagnostics")
@@ -178,13 +178,7 @@ def seeded_chains(draw: Callable[[], T], seed: int, chains: int, engine: Optiona
     afterwards, so drawing diagnostics leaves the rest of a run's randomness as it was). With the
     ``engine`` of several processes, each draws its share of the chains and every process gets them
     all (:meth:`~bam_pyro.distributed.LocalEngine.share`): the chains of one process."""
-    seeds = chain_seeds(seed, chains)
-
-    def chain(index: int) -> T:
-        with seeded(seeds[index]):
-            return draw()
-
-    return (engine or LocalEngine()).share(chain, chains)
+    return share_seeded(lambda index: draw(), chain_seeds(seed, chains), engine)
 
 
 def attention_chains(

@@ -56,7 +56,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar
 
 import numpy as np
 import pyro
@@ -116,6 +116,21 @@ def seeded(seed: int) -> Iterator[None]:
             yield
     finally:
         pyro.util.set_rng_state(state)
+
+
+T = TypeVar("T")
+
+
+def share_seeded(work: Callable[[int], T], seeds: Sequence[int], engine: Optional[Engine] = None) -> list[T]:
+    """``[work(i) for i in range(len(seeds))]``, item ``i`` run under :func:`seeded` ``(seeds[i])``,
+    split over the processes of ``engine`` (default: this one; :meth:`LocalEngine.share`). An item's
+    randomness then depends on its seed alone, so the gathered list is what one process draws."""
+
+    def item(index: int) -> T:
+        with seeded(seeds[index]):
+            return work(index)
+
+    return (engine or LocalEngine()).share(item, len(seeds))
 
 
 def shard(items: Iterable[Any], rank: int, world_size: int) -> Iterator[Any]:
