@@ -221,3 +221,26 @@ def test_a_file_that_is_not_a_checkpoint_is_named_as_damaged(tmp_path):
         with pytest.raises(DamagedFile, match=f"{path} is damaged \\({reason}.*\\): delete it") as error:
             read_checkpoint(path)
         assert "\n" not in str(error.value)
+
+
+def test_a_graph_is_checked_again_only_once_it_is_written(monkeypatch):
+    """The model checks a graph's values once per tensor contents: the features that come back every
+    step are not read again, and a NaN written into them in place is still caught."""
+    import bam_pyro.pyg.node_classifier as node_classifier
+    from models.gat import build_node_classifier
+
+    x, edge_index, _ = random_graph()
+    model = build_node_classifier(x.size(1), 3, BamConfig("wc"), ObjectiveConfig(), heads=2, hidden=4)
+    checks = []
+    monkeypatch.setattr(node_classifier, "validate_graph", lambda *graph: (checks.append(graph), validate_graph(*graph)))
+    for _ in range(3):
+        model.model(x, edge_index)
+    assert len(checks) == 1
+    model.model(x.clone(), edge_index)  # other tensors, equal values: checked
+    assert len(checks) == 2
+    x[3, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"NaN or inf at 1 nodes \(first: \[3\]\)"):
+        model.model(x, edge_index)
+    edge_index[0, 0] = 10_000
+    with pytest.raises(ValueError, match="outside"):
+        model.model(x.nan_to_num(), edge_index)

@@ -8,8 +8,12 @@ import pyro.distributions as dist
 import torch
 from torch import Tensor
 
-from ..host_reads import value_checks_enabled
+from ..host_reads import CheckedTensors, value_checks_enabled
 from ..model import BamModel
+
+
+#: the graph :func:`validate_graph` last passed: the same tensors, unwritten since, are not checked again
+_CHECKED = CheckedTensors()
 
 
 class NodeClassifier(BamModel):
@@ -17,14 +21,16 @@ class NodeClassifier(BamModel):
 
     ``model(x, edge_index, y=None, nodes=idx)``: ``y ~ Categorical(logits[nodes])``. A graph given
     as node features and an edge index is checked first (:func:`validate_graph`, as
-    :func:`~bam_pyro.host_reads.value_checks_enabled` allows): an edge to a node that does not
+    :func:`~bam_pyro.host_reads.value_checks_enabled` allows, and once for tensors that come back
+    unwritten: :class:`~bam_pyro.host_reads.CheckedTensors`): an edge to a node that does not
     exist is an error naming it, not an index error deep in the network.
     """
 
     def model(self, x: Any, edge_index: Any, *args: Any, **targets: Any) -> Any:
         dense_graph = isinstance(x, Tensor) and isinstance(edge_index, Tensor) and edge_index.layout == torch.strided
         if dense_graph and value_checks_enabled(edge_index):
-            validate_graph(x[(0,) * (x.dim() - 2)], edge_index)  # sample dims (predictive_draws) repeat the features
+            features = x if x.dim() <= 2 else x[(0,) * (x.dim() - 2)]  # sample dims (predictive_draws) repeat the features
+            _CHECKED.check(lambda: validate_graph(features, edge_index), x, edge_index)
         return super().model(x, edge_index, *args, **targets)
 
     def likelihood(self, logits: Tensor, y: Optional[Tensor] = None, nodes: Optional[Tensor] = None) -> None:
