@@ -156,9 +156,10 @@ def predictive_draws(
 
 
 class _UnsampledTargets(Messenger):
-    """Leaves a model's unobserved targets undrawn in ``Predictive``'s vectorized pass: their value is a zero placeholder of the site's
-    shape (a broadcast view on the CPU, no memory), since the draws keep class probabilities, not
-    labels. ``BamModel.model`` discards what its likelihood returns, so nothing reads it."""
+    """Leaves a model's unobserved targets undrawn in ``Predictive``'s vectorized pass: their value
+    is a zero placeholder of the site's shape (a broadcast view on the CPU, no memory), since the
+    draws keep class probabilities, not labels. ``BamModel.model`` discards what its likelihood
+    returns, so nothing reads it."""
 
     def _pyro_sample(self, msg: dict) -> None:  # the handler Pyro's Messenger subclasses override (tests/test_private_names.py)
         if msg["value"] is None and msg["infer"].get(TARGET) and _vectorizing_frame() is not None:
