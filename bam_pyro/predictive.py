@@ -22,7 +22,7 @@ there each draw is a pass of its own (a chunk of one).
 In the vectorized pass the model's targets (the sites ``BamModel.observe`` declares) are not
 sampled: the draws are of class probabilities, and a label drawn for every item in every draw
 would be thrown away (on Cora, the categorical sampling was an eighth of a draw's time). They hold
-a placeholder of their shape instead (:class:`_UnsampledTargets`). The targets come last in a
+a placeholder of their shape instead (``_UnsampledTargets``). The targets come last in a
 pass, so a chunk's draws from a given random state are those it gave when the labels were drawn;
 ``Predictive``'s plate-less probe passes still draw theirs. A later chunk of the same call starts
 where the skipped labels leave the random stream, so its draws differ from those it gave before.
