@@ -1,6 +1,6 @@
 """What the GLUE task publishes to the docs: dev-set scores of soft and BAM-WC finetuning, paired
 by seed, one table per folder of runs that share their settings (``python -m experiments.results glue``):
-RTE on its full training set, SST-2 on the fixed 2,000-example subset.
+the tasks on their full training sets (``glue``), SST-2 on the fixed 2,000-example subset.
 
 :data:`SHIFT` holds the uncertainty-under-shift tables and figures of :mod:`experiments.glue.shift_tables`
 (SST-2's dev sentences against other corpora), drawn from ``results/glue-sst2-shift``. They join
@@ -12,9 +12,9 @@ from experiments.runner.publishing import Figure, Table, paired_figure
 from experiments.runner.shift_tables import TABLES as SHIFT_TABLES
 
 PUBLISHED = (
-    Table("glue_rte.md", "glue", "glue"),
+    Table("glue_dev.md", "glue", "glue"),
     Table("glue_sst2.md", "glue-sst2", "glue"),
-    Figure("glue_rte_paired.png", "glue", paired_figure),
+    Figure("glue_dev_paired.png", "glue", paired_figure),
     Figure("glue_sst2_paired.png", "glue-sst2", paired_figure),
 )
 
