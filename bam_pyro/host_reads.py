@@ -10,9 +10,6 @@ same result, and it runs checks of user data (which raise clear errors) as
 
 from __future__ import annotations
 
-import weakref
-from typing import Callable
-
 import torch
 from pyro.infer.util import is_validation_enabled
 from torch import Tensor
@@ -31,26 +28,3 @@ def value_checks_enabled(t: Tensor) -> bool:
     if values_at_hand(t):
         return True
     return t.device.type != "meta" and not torch.compiler.is_compiling() and is_validation_enabled()
-
-
-class CheckedTensors:
-    """The tensors a value check last passed, by identity and in-place write count
-    (``Tensor._version``; torch has no public twin, tests/test_private_names.py): the check of the
-    same tensors, unwritten since, is not run again. A transductive graph's features come back
-    every training step, and checking them for NaN every time took a fifth of a Cora step. Weak
-    references: a tensor is never kept alive. Inference tensors have no write count and are
-    checked every time; so would be a tensor changed through ``.data``, whose writes the count
-    does not see, if it came back as the same object."""
-
-    def __init__(self) -> None:
-        self._last: tuple[tuple[weakref.ref, int], ...] = ()
-
-    def check(self, check: Callable[[], None], *tensors: Tensor) -> None:
-        """Run ``check`` unless it passed on these very tensors, unwritten since."""
-        if len(self._last) == len(tensors) and all(ref() is t and version == t._version
-                                                   for (ref, version), t in zip(self._last, tensors)):
-            return
-        self._last = ()
-        check()
-        if not any(t.is_inference() for t in tensors):
-            self._last = tuple((weakref.ref(t), t._version) for t in tensors)

@@ -39,6 +39,7 @@ from .axes import AttentionAxis
 from .config import BamConfig
 from .distributions import variational_distribution
 from .pass_context import PassContext
+from .tensor_memo import LastTensorsMemo
 
 #: key of the site's ``infer`` dict that carries what the guide needs
 SITE_INFO = "bam_attention"
@@ -86,15 +87,16 @@ class AttentionSites:
     mean_over_sites: Optional[int] = None
     record_weights: bool = False
     calls: Counter = field(default_factory=Counter)
-    keyed: dict = field(default_factory=dict, repr=False)
+    keyed: dict[tuple, LastTensorsMemo] = field(default_factory=dict, repr=False)
     latest: Optional[str] = None  # the name of the latest site declared (:meth:`declare`)
 
     def once_per_keys(self, owner: nn.Module, keys: Tensor, make: Callable[[], Tensor]) -> Tensor:
         """``make()``, computed once per pass for each ``owner`` and keys: a decoder that attends to
         the same keys at every step (a caption's image grid, a translation's source) computes their
         contextual prior once instead of once per step. Keys are the same when they are the same
-        view (shape, strides, offset) of the same tensor, unmodified in between; the entry holds the
-        tensor, so its identity cannot be reused within the pass. Under ``torch.compile`` it is
+        view (shape, strides, offset) of the same tensor, unwritten in between
+        (:class:`~bam_pyro.tensor_memo.LastTensorsMemo`; keys made under ``torch.inference_mode``
+        count no writes, and get ``make()`` every call). Under ``torch.compile`` it is
         ``make()`` every call: a guard on the tensors' identities recompiled every layer until
         Dynamo's recompilation limit (measured on MiniLM). Encoders lose nothing by it; a compiled
         decoder computes its prior at every step."""
@@ -104,10 +106,10 @@ class AttentionSites:
         # (tests/test_private_names.py); a view's identity is its base with its shape, strides and offset
         root = keys if keys._base is None else keys._base
         tag = (id(owner), id(root), keys.shape, keys.stride(), keys.storage_offset(), keys.dtype)
-        entry = self.keyed.get(tag)
-        if entry is None or entry[1] != root._version:
-            entry = self.keyed[tag] = (root, root._version, make())
-        return entry[2]
+        memo = self.keyed.get(tag)
+        if memo is None:
+            memo = self.keyed[tag] = LastTensorsMemo()
+        return memo.get(make, root)
 
     @torch.compiler.disable  # eager under torch.compile: see below
     def declare(self, layer: nn.Module, prior: dist.TorchDistribution, info: "AttentionSiteInfo",

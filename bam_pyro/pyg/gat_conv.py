@@ -8,7 +8,6 @@ outputs.
 
 from __future__ import annotations
 
-import weakref
 from typing import NamedTuple, Optional, Union
 
 import torch
@@ -20,6 +19,7 @@ from torch_geometric.nn.inits import glorot, zeros
 
 from ..config import BamConfig
 from ..host_reads import values_at_hand
+from ..tensor_memo import LastTensorsMemo
 from .adjacency import Adj
 from .edge_attention import SOFT, EdgeAttentionConv, NodeFeatures, NodeInput
 
@@ -194,31 +194,19 @@ def sparse_entries(x: Tensor, out_channels: int) -> Optional[SparseRows]:
 
 class SparseEntriesCache:
     """A layer's :func:`sparse_entries` of its last input, reused while that same tensor comes
-    back unchanged. In transductive training the first layer reads one feature matrix every step;
-    finding its nonzeros anew each time cost about a fifth of a Cora BAM-WC step (README,
-    benchmarks). Holds a weak reference: the cache never keeps an input alive."""
+    back unwritten (:class:`~bam_pyro.tensor_memo.LastTensorsMemo`). In transductive training the
+    first layer reads one feature matrix every step; finding its nonzeros anew each time cost
+    about a fifth of a Cora BAM-WC step (README, benchmarks)."""
 
     def __init__(self, out_channels: int) -> None:
         self.out_channels = out_channels
-        self._source: Optional[weakref.ref] = None
-        self._version = -1
-        self._entries: Optional[SparseRows] = None
+        self._memo: LastTensorsMemo[Optional[SparseRows]] = LastTensorsMemo()
 
     @torch.compiler.disable  # eager, once per input: the nonzeros' count is data-dependent (a graph break)
     def __call__(self, x: Tensor) -> Optional[SparseRows]:
-        if x.is_inference() or x.requires_grad:  # no version counter to key on / never gathered
+        if x.requires_grad:  # never gathered (sparse_entries says None)
             return sparse_entries(x, self.out_channels)
-        if self._source is None or self._source() is not x or self._version != x._version:
-            # Tensor._version counts in-place writes; torch has no public twin (tests/test_private_names.py)
-            self._source, self._version = weakref.ref(x), x._version
-            self._entries = sparse_entries(x, self.out_channels)
-        return self._entries
-
-    def __getstate__(self) -> dict:
-        return {"out_channels": self.out_channels}  # weak references do not pickle: a copy starts empty
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["out_channels"])
+        return self._memo.get(lambda: sparse_entries(x, self.out_channels), x)
 
 
 def per_head_dropout_projection(

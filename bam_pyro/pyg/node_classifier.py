@@ -8,12 +8,13 @@ import pyro.distributions as dist
 import torch
 from torch import Tensor
 
-from ..host_reads import CheckedTensors, value_checks_enabled
+from ..host_reads import value_checks_enabled
 from ..model import BamModel
+from ..tensor_memo import LastTensorsMemo
 
 
 #: the graph :func:`validate_graph` last passed: the same tensors, unwritten since, are not checked again
-_CHECKED = CheckedTensors()
+_CHECKED: LastTensorsMemo[None] = LastTensorsMemo()
 
 
 class NodeClassifier(BamModel):
@@ -22,7 +23,7 @@ class NodeClassifier(BamModel):
     ``model(x, edge_index, y=None, nodes=idx)``: ``y ~ Categorical(logits[nodes])``. A graph given
     as node features and an edge index is checked first (:func:`validate_graph`, as
     :func:`~bam_pyro.host_reads.value_checks_enabled` allows, and once for tensors that come back
-    unwritten: :class:`~bam_pyro.host_reads.CheckedTensors`): an edge to a node that does not
+    unwritten: :class:`~bam_pyro.tensor_memo.LastTensorsMemo`): an edge to a node that does not
     exist is an error naming it, not an index error deep in the network.
     """
 
@@ -30,7 +31,7 @@ class NodeClassifier(BamModel):
         dense_graph = isinstance(x, Tensor) and isinstance(edge_index, Tensor) and edge_index.layout == torch.strided
         if dense_graph and value_checks_enabled(edge_index):
             features = x if x.dim() <= 2 else x[(0,) * (x.dim() - 2)]  # sample dims (predictive_draws) repeat the features
-            _CHECKED.check(lambda: validate_graph(features, edge_index), x, edge_index)
+            _CHECKED.get(lambda: validate_graph(features, edge_index), x, edge_index)
         return super().model(x, edge_index, *args, **targets)
 
     def likelihood(self, logits: Tensor, y: Optional[Tensor] = None, nodes: Optional[Tensor] = None) -> None:

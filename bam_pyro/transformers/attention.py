@@ -7,7 +7,6 @@ transformers routes every attention call, self- and cross-attention, through
 
 from __future__ import annotations
 
-import weakref
 from typing import Any, NamedTuple, Optional
 
 import torch
@@ -19,6 +18,7 @@ from transformers.masking_utils import (AttentionMaskInterface, bidirectional_ma
 from transformers.utils.output_capturing import _active_collector
 
 from ..axes import DenseKeys
+from ..tensor_memo import LastTensorsMemo
 from .checkpointing import active_replay
 from .folding import SampleFold, active_fold
 
@@ -180,10 +180,9 @@ def fused_layout(mask: Optional[Tensor], num_queries: int, num_keys: int, querie
     ``queries_are_keys``, as in :class:`SequenceKeys`), or causal with key padding (``Lq == Lk``).
     None for any other mask (sliding windows, caches, custom masks): the materialized path runs it.
     Telling them apart reads the mask on the host; transformers passes one mask to every layer of
-    a forward pass, so the layout of the last mask read is kept (while that tensor lives and is
-    not written to): one read per forward pass, not one per layer. A mask :func:`bam_mask` built
+    a forward pass, so the layout of the last mask read is kept while that tensor lives and is
+    not written to (:class:`~bam_pyro.tensor_memo.LastTensorsMemo`): one read per forward pass, not one per layer. A mask :func:`bam_mask` built
     says its kind itself: no read."""
-    global _last_layout
     if mask is None:
         return FusedLayout(None, None, False)
     if torch.compiler.is_compiling():
@@ -194,26 +193,18 @@ def fused_layout(mask: Optional[Tensor], num_queries: int, num_keys: int, querie
         return FusedLayout(key_mask, key_mask.transpose(-1, -2) if queries_are_keys and num_queries == num_keys else None, False)
     if kind == CAUSAL and mask.shape[-1] == num_keys == num_queries:
         return FusedLayout(mask[..., -1:, :], None, True)
-    if mask.is_inference():  # an inference tensor has no version counter
-        return _read_layout(mask, num_queries, num_keys, queries_are_keys)
-    call = (mask._version, num_queries, num_keys, queries_are_keys)
-    last = _last_layout
-    if last is not None and last[0]() is mask and last[1] == call:
-        return last[2]
-    layout = _read_layout(mask, num_queries, num_keys, queries_are_keys)
-    _last_layout = (weakref.ref(mask), call, layout)
-    return layout
+    return _LAST_LAYOUT.get(lambda: _read_layout(mask, num_queries, num_keys, queries_are_keys), mask,
+                            key=(num_queries, num_keys, queries_are_keys))
 
 
-#: (the mask, its version and the call's sizes, its layout) of the last mask read. Process-wide and
-#: safe so: a hit needs that very tensor, unwritten since, with the same sizes, whose layout is the
-#: same in any pass or thread (and the tuple is replaced whole, never changed in place)
-_last_layout: Optional[tuple[weakref.ref, tuple, Optional[FusedLayout]]] = None
+#: the layout of the last mask read, for the same sizes. Process-wide and safe so: a hit needs that
+#: very tensor, unwritten since, whose layout is the same in any pass or thread
+_LAST_LAYOUT: LastTensorsMemo[Optional[FusedLayout]] = LastTensorsMemo()
 
 
 def _read_layout(mask: Tensor, num_queries: int, num_keys: int, queries_are_keys: bool) -> Optional[FusedLayout]:
     """:func:`fused_layout` read from the mask itself. The rows it keeps are copies: views would
-    keep the whole mask alive in :data:`_last_layout`."""
+    keep the whole mask alive in :data:`_LAST_LAYOUT`."""
     if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[-1] != num_keys:
         return None
     first_row = mask[..., :1, :].clone()
