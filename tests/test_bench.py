@@ -23,6 +23,14 @@ def test_gat_bench_prints_times_memory_and_ratios(capsys):
     assert 0 < low <= figures["bam_over_soft_eager"]["median"] <= high
 
 
+def test_paired_ratios_divide_back_to_back_steps_not_medians():
+    """A step slowed for both models by the machine (the second pair) is one ratio of 1, not a
+    shift of either median: per pair 2, 1, 3, 2 -> median 2 (the ratio of the medians would be
+    3.5 / 1.5 = 2.33), quartiles 1.25 and 2.75 (``statistics.quantiles``' exclusive method)."""
+    assert gat.paired_ratio([2.0, 10.0, 3.0, 4.0], [1.0, 10.0, 1.0, 2.0]) == {"median": 2.0, "iqr": [1.25, 2.75]}
+    assert gat.paired_ratio([3.0], [2.0]) == {"median": 1.5, "iqr": [1.5, 1.5]}
+
+
 def test_gat_bench_raises_its_measuring_process_error(tmp_path):
     """Missing data is named, not replaced by a random graph; the error crosses the process boundary."""
     with pytest.raises(FileNotFoundError, match=r"Planetoid Cora: missing ind\.cora\.x"):

@@ -105,7 +105,8 @@ def test_predictive_vectorizes_draws_in_a_plate_of_that_name():
 
 
 def test_a_tensors_version_counts_in_place_writes_only():
-    """bam_pyro.pyg.gat_conv's cache of a feature matrix's nonzeros, bam_pyro.sites' per-keys cache."""
+    """bam_pyro.tensor_memo.write_count: what the graph check, a layer's nonzeros, a mask's layout
+    and the contextual prior derive from tensors is reused until the count moves."""
     x = torch.zeros(3)
     before = x._version
     x + 1
