@@ -127,7 +127,7 @@ def planned_runs(task_name: str, commands: list[list[str]], folder: str) -> dict
 
 
 @pytest.mark.parametrize("page", ["docs/tasks/gat.md", "docs/tasks/uncertainty-shift.md", "docs/tasks/captioning.md",
-                                  "docs/tasks/translation.md", "docs/reproducing.md"])
+                                  "docs/tasks/translation.md", "docs/reproducing.md", "docs/scaling.md"])
 def test_the_pages_commands_train_the_committed_runs(page):
     """The sweeps a page shows before ``python -m experiments.results TASK --add SOURCE=FOLDER`` train
     exactly the runs committed in results/SOURCE, with their settings (those a record holds: a

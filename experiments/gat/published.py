@@ -1,7 +1,8 @@
 """What the GAT task publishes to the docs: the accuracy and uncertainty tables, the paired runs,
 the training curves and the reliability diagrams (``python -m experiments.results gat``), and the
 uncertainty-under-shift tables and figures of :mod:`experiments.gat.shift_tables` (word flips:
-``results/graph-shift``; left-out classes: ``results/graph-left-out``)."""
+``results/graph-shift``; left-out classes: ``results/graph-left-out``), and the accuracy of training
+on neighbour-sampled mini-batches (``results/gat-minibatch``, on the scaling page)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def reliability_figures(task: Task, results: pd.DataFrame, folder: RunFolder, pa
 
 PUBLISHED = (
     Table("gat_accuracy.md", "gat", "accuracy"),
+    Table("gat_minibatch.md", "gat-minibatch", "accuracy"),  # Cora on neighbour-sampled mini-batches
     Table("gat_uncertainty.md", "graph", "uncertainty",
           ("dataset", "variant", "mode", "seeds", "test_acc", "sample_acc", "nll", "ece", "pavpu@0.05")),
     Figure("gat_paired.png", "gat", paired_figure),
