@@ -282,7 +282,7 @@ def test_input_dropout_keeps_each_feature_with_probability_one_minus_p():
     assert set(features.grad.unique().tolist()) <= {0.0, 2.5}
 
 
-@pytest.mark.parametrize("path", ["sparse data", "dense with gradient"])
+@pytest.mark.parametrize("path", ["sparse data", "dense data", "dense with gradient"])
 def test_per_head_dropout_projection_draws_an_independent_mask_per_head(path):
     """Rows with one nonzero feature: each head's output is either 0 or that feature's column of
     W_h scaled by 1 / (1 - p), kept with probability 1 - p, independently across heads."""
@@ -293,13 +293,13 @@ def test_per_head_dropout_projection_draws_an_independent_mask_per_head(path):
     if path == "dense with gradient":
         x.requires_grad_()
     weight = torch.randn(heads * channels, features, requires_grad=True)
-    entries = sparse_entries(x, channels)
-    assert (entries is None) == (path == "dense with gradient")
+    entries = None if path == "dense data" else sparse_entries(x, channels)
+    assert (entries is None) == path.startswith("dense")
     out = per_head_dropout_projection(x, weight, heads, p, entries)  # [N, H, C]
     assert out.shape == (nodes, heads, channels)
     full = (2.0 / (1 - p)) * weight.detach().view(heads, channels, features)[:, :, cols].permute(2, 0, 1)
     kept = out.detach().ne(0).all(-1)  # [N, H]
-    assert torch.allclose(out.detach()[kept], full[kept])
+    torch.testing.assert_close(out.detach()[kept], full[kept])
     assert (out.detach()[~kept] == 0).all()
     assert abs(kept.float().mean().item() - (1 - p)) < 0.02  # 12,000 draws: std 0.0045
     both = (kept[:, 0] & kept[:, 1]).float().mean().item()
@@ -338,6 +338,62 @@ def test_dense_per_head_dropout_keeps_no_dropped_copies_for_backward_and_draws_t
     assert torch.equal(out, kept)
     assert torch.equal(grads[0], x.grad) and torch.equal(grads[1], weight.grad)
     assert torch.equal(after, torch.rand(1))
+
+
+@pytest.mark.parametrize("leading", [(), (3,)], ids=["one graph", "sample dims"])
+@pytest.mark.parametrize("features", [50, 13], ids=["whole bytes", "a padded byte"])
+def test_dense_data_dropout_keeps_its_masks_as_bits_and_matches_the_dropout_it_replaces(leading, features):
+    """Data (no gradient wanted) takes each head's mask from ``uniform_`` and keeps the masks as
+    bits for the backward pass: the output and weight gradient of the same masks kept as floats,
+    one draw of the RNG stream (not two), and H * N * F / 8 bytes held."""
+    nodes, heads, channels, p = 300, 8, 4, 0.6
+    x = torch.randn(*leading, nodes, features)
+    weight = torch.randn(heads * channels, features, requires_grad=True)
+    probe = torch.randn(channels)
+    saved = []
+
+    def keep(tensor):
+        saved.append((str(tensor.dtype), tensor.numel()))
+        return tensor
+
+    torch.manual_seed(3)
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        out = per_head_dropout_projection(x, weight, heads, p)
+    masks = heads * x.numel()
+    assert sorted(saved) == sorted([("torch.float32", x.numel()), ("torch.uint8", heads * -(-x.numel() // 8))])
+    (out * probe).sum().backward()
+    after = torch.rand(1)
+
+    torch.manual_seed(3)
+    kept = torch.rand(heads, *x.shape) >= p  # head by head, in the order the layer draws them
+    assert abs(kept.float().mean().item() - (1 - p)) < 5 / masks ** 0.5
+    reference_weight = weight.detach().clone().requires_grad_()
+    dropped = kept * x / (1 - p)  # [H, ..., N, F]
+    reference = torch.einsum("h...nf,hcf->...nhc", dropped, reference_weight.view(heads, channels, features))
+    (reference * probe).sum().backward()
+    assert torch.equal(after, torch.rand(1))
+    torch.testing.assert_close(out, reference)
+    # sums over 300 nodes in another order (matrix product against einsum's)
+    torch.testing.assert_close(weight.grad, reference_weight.grad, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():  # MC dropout's draws: the same masks, no bits kept
+        torch.manual_seed(3)
+        torch.testing.assert_close(per_head_dropout_projection(x, weight, heads, p), reference)
+
+
+def test_dense_data_dropout_under_autocast_gives_the_weights_a_gradient_of_their_dtype():
+    """Mixed precision (``bf16-mixed``): the products run in bf16 forward and backward, and the
+    float32 weights get a float32 gradient close to the float32 one of the same masks."""
+    x, probe = torch.randn(200, 16), torch.randn(3)
+    weights = [torch.randn(4 * 3, 16, requires_grad=True)]
+    weights.append(weights[0].detach().clone().requires_grad_())
+    for weight, precision in zip(weights, ("bf16", "fp32")):
+        torch.manual_seed(0)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            out = per_head_dropout_projection(x, weight, 4, 0.5)
+        assert out.dtype == (torch.bfloat16 if precision == "bf16" else torch.float32)
+        (out.float() * probe).sum().backward()
+    assert weights[0].grad.dtype == torch.float32
+    torch.testing.assert_close(weights[0].grad, weights[1].grad, rtol=0.05, atol=0.05)
 
 
 def test_sparse_entries_gather_only_mostly_zero_data_and_are_cached_per_tensor_and_version():
