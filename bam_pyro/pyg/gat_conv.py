@@ -274,8 +274,9 @@ def _dropped_data_projection(x: Tensor, w: Tensor, p: float, keep_masks: bool) -
     (``[H, ceil(numel(x) / 8)]``)."""
     scale = 1.0 / (1.0 - p)
     outs, masks = [], []
+    dropped = torch.empty_like(x)  # one buffer for every head: a large allocation faults its pages in anew
     for head_weight in w:  # [C, F]
-        dropped = torch.empty_like(x).uniform_().ge_(p)  # 1.0 with probability 1 - p
+        dropped.uniform_().ge_(p)  # 1.0 with probability 1 - p
         if keep_masks:
             masks.append(_pack_bits(dropped))
         outs.append(dropped.mul_(x) @ (head_weight * scale).T)  # [..., N, C]
@@ -299,12 +300,13 @@ class _DroppedDataProjection(torch.autograd.Function):
     def backward(ctx, grad: Tensor) -> tuple[None, Tensor, None]:
         x, masks = ctx.saved_tensors
         rows = x.reshape(-1, x.size(-1))
-        # in the gradient's dtype: under autocast the forward's products ran in bf16 or fp16
-        grad_w = torch.stack([
-            grad[..., head, :].reshape(-1, grad.size(-1)).T @ (rows * _unpack_bits(mask, rows.shape)).to(grad.dtype)
-            for head, mask in enumerate(masks)
-        ])  # [H, C, F]
-        return None, (grad_w * ctx.scale).to(ctx.weight_dtype), None
+        dropped, zero = torch.empty_like(rows), rows.new_zeros(())  # one buffer for every head, as in the forward pass
+        grad_w = []
+        for head, mask in enumerate(masks):
+            torch.where(_unpack_bits(mask, rows.shape), rows, zero, out=dropped)
+            # in the gradient's dtype: under autocast the forward's products ran in bf16 or fp16
+            grad_w.append(grad[..., head, :].reshape(-1, grad.size(-1)).T @ dropped.to(grad.dtype))
+        return None, (torch.stack(grad_w) * ctx.scale).to(ctx.weight_dtype), None  # [H, C, F]
 
 
 #: the value of each bit of a byte, lowest first
@@ -321,5 +323,5 @@ def _pack_bits(mask: Tensor) -> Tensor:
 
 def _unpack_bits(packed: Tensor, shape: torch.Size) -> Tensor:
     """The bool tensor of ``shape`` that :func:`_pack_bits` packed."""
-    bits = packed.unsqueeze(-1).bitwise_and(packed.new_tensor(_BIT_VALUES)).ne(0)
+    bits = packed.unsqueeze(-1).bitwise_and(packed.new_tensor(_BIT_VALUES)).ne_(0).view(torch.bool)  # 0/1 bytes read as bools
     return bits.reshape(-1)[: shape.numel()].view(shape)
