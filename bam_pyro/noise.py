@@ -114,8 +114,11 @@ def entry_bits(query_key: Tensor, key_index: Tensor, stream: int = NOISE_STREAM,
 
 
 def uniform(bits: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Uniform in (0, 1), 24 bits of resolution (a new tensor; ``bits`` is left as it is)."""
-    return _shr(bits, 8).to(dtype).add_(0.5).mul_(1.0 / 2**24)
+    """Uniform in (0, 1), 24 bits of resolution (a new tensor; ``bits`` is left as it is). The top
+    draw, ``2**24 - 1 + 0.5``, is no float32 and rounds to ``2**24``, which would make u exactly 1
+    (a Gaussian of +inf, a Weibull noise of -inf: NaN weights under the Lognormal, a weight of 0
+    under the Weibull, once in 2**24 entries): it is clamped to the largest float below 1."""
+    return _shr(bits, 8).to(dtype).add_(0.5).mul_(1.0 / 2**24).clamp_(max=1.0 - torch.finfo(dtype).eps / 2)
 
 
 def gumbel_like(bits: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:

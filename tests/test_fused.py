@@ -144,6 +144,21 @@ def test_noise_is_a_pure_function_of_its_counters_and_has_the_right_law():
     assert abs(gauss.mean()) < 0.02 and abs(gauss.var() - 1) < 0.03
 
 
+def test_every_32_bit_word_gives_finite_noise_strictly_inside_the_documented_ranges():
+    """The extreme words: all ones (whose uniform once rounded to exactly 1 in float32, a Gaussian
+    of +inf: NaN weights in BAM-LC's GLUE finetuning) and all zeros, and a sweep of the top
+    uniforms' words."""
+    top = torch.arange(-2**8, 0, dtype=torch.int32)  # the 256 words whose top 24 bits are all ones
+    words = torch.cat([top, torch.tensor([0, 2**31 - 1, -2**31], dtype=torch.int32)])
+    u = noise.uniform(words)
+    assert bool((u > 0).all() and (u < 1).all())
+    gauss, gumbel = noise.gaussian(words), noise.gumbel_like(words)
+    assert bool(torch.isfinite(gauss).all() and torch.isfinite(gumbel).all())
+    assert gauss.abs().max() < 5.5 and gumbel.min() > -16.7 and gumbel.max() < 2.9
+    assert torch.equal(noise.uniform(torch.tensor([-2**8 - 1], dtype=torch.int32)),  # below the top: as before
+                       torch.tensor([(2**24 - 2 + 0.5) / 2**24], dtype=torch.float32))
+
+
 def test_seeds_come_from_torch_generator_so_a_resumed_run_draws_the_same():
     attn = MultiHeadBayesianAttention(8, 2, CONFIGS["wc"]).train()
     x = torch.randn(2, 5, 8)
