@@ -181,8 +181,8 @@ def fused_layout(mask: Optional[Tensor], num_queries: int, num_keys: int, querie
     None for any other mask (sliding windows, caches, custom masks): the materialized path runs it.
     Telling them apart reads the mask on the host; transformers passes one mask to every layer of
     a forward pass, so the layout of the last mask read is kept while that tensor lives and is
-    not written to (:class:`~bam_pyro.tensor_memo.LastTensorsMemo`): one read per forward pass, not one per layer. A mask :func:`bam_mask` built
-    says its kind itself: no read."""
+    not written to (:class:`~bam_pyro.tensor_memo.LastTensorsMemo`): one read per forward pass,
+    not one per layer. A mask :func:`bam_mask` built says its kind itself: no read."""
     if mask is None:
         return FusedLayout(None, None, False)
     if torch.compiler.is_compiling():
