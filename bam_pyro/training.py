@@ -169,6 +169,11 @@ def same_setting(a: Any, b: Any) -> bool:
     return a == b and type(a) is type(b) or (is_number(a) and is_number(b) and float(a) == float(b))
 
 
+class Diverged(FloatingPointError, ValueError):
+    """Training produced a non-finite loss or validation metric: the run cannot go on with these
+    settings. One line naming the step or epoch; the last checkpoint written before it is kept."""
+
+
 class DamagedFile(ValueError):
     """A file that cannot be read back as it was written: one line naming it, the reason and what
     to do (``advice``: delete it to start that training again, or restore it from a copy)."""
@@ -266,7 +271,7 @@ class EarlyStopping:
             raise KeyError(f"evaluation did not return the monitored metrics {sorted(missing)}")
         undefined = sorted(name for name in self.monitors if math.isnan(metrics[name]))
         if undefined:  # NaN compares false with everything: kept as the best, it would never be beaten
-            raise ValueError(f"epoch {epoch}: the monitored {', '.join(undefined)} is NaN (the model diverged?)")
+            raise Diverged(f"epoch {epoch}: the monitored {', '.join(undefined)} is NaN (the model diverged?)")
         if epoch < self.start_epoch:
             return False
         better = {name: self._improves(name, metrics[name]) for name in self.monitors}
@@ -381,7 +386,7 @@ class SVITrainer:
         args, kwargs = self.engine.to_device((args, kwargs))
         loss = self._loss(*args, step=self.global_step, **kwargs)
         if not torch.isfinite(loss):
-            raise FloatingPointError(
+            raise Diverged(
                 f"non-finite loss {loss.item()} at step {self.global_step}; check the inputs "
                 "and the hyperparameters (k, sigma, beta, alpha, learning rate)"
             )

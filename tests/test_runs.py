@@ -18,6 +18,7 @@ import torch
 
 from analysis.tables import mean_interval, paired_difference, summarize
 from bam_pyro import BamConfig, ObjectiveConfig
+from bam_pyro.training import Diverged
 from experiments.gat import task as gat
 from experiments.collect import main as collect_main
 from experiments.records import RunFolder, SettingsMismatch, new_record
@@ -147,6 +148,28 @@ def test_a_run_another_process_is_training_is_left_to_it(tmp_path, capsys):
         assert "a-wc-seed0: being trained by another process" in capsys.readouterr().out
         assert folder.record("a-wc-seed0") is None and folder.record("a-soft-seed0") is not None
     run_cli(TOY, ["--dataset", "a", "--variant", "soft", "wc", "--seeds", "0", "--out", str(tmp_path)])  # released
+    assert folder.record("a-wc-seed0")["metrics"]["score"] == pytest.approx(2.5)
+
+
+def test_a_run_that_diverges_is_said_in_one_line_and_the_sweep_goes_on(tmp_path, capsys):
+    def diverges_at_seed_0(settings, data, run):
+        if settings.variant == "wc" and settings.seed == 0:
+            raise Diverged("non-finite loss nan at step 8; check the inputs")
+        return toy_train(settings, data, run)
+
+    out = tmp_path / "toy"
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(dataclasses.replace(TOY, train=diverges_at_seed_0),
+                ["--dataset", "a", "--variant", "soft", "wc", "--seeds", "0", "1", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 1 and captured.err.count("\n") == 1, captured.err
+    assert "1 run(s) diverged and have no record: a-wc-seed0" in captured.err
+    assert "a-wc-seed0: diverged, not recorded: non-finite loss nan at step 8" in captured.out
+    folder = RunFolder(out)
+    assert folder.record("a-wc-seed0") is None
+    assert all(folder.record(name) is not None for name in ("a-soft-seed0", "a-soft-seed1", "a-wc-seed1"))  # after it too
+    assert sorted(pd.read_csv(out / "results.csv")["seed"]) == [0, 1, 1]  # tabulated without it
+    run_cli(TOY, ["--dataset", "a", "--variant", "soft", "wc", "--seeds", "0", "1", "--out", str(out)])  # retried alone
     assert folder.record("a-wc-seed0")["metrics"]["score"] == pytest.approx(2.5)
 
 

@@ -13,7 +13,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 import pandas as pd
 
 from bam_pyro.distributed import Engine, LocalEngine
-from bam_pyro.training import DamagedFile, WriteFailed, same_setting
+from bam_pyro.training import DamagedFile, Diverged, WriteFailed, same_setting
 from experiments.records import CHECKPOINT, RunFolder, SettingsMismatch, new_record
 from experiments.runner.tables import write_tables
 from experiments.runner.task import VARIANT_SETTINGS, RunContext, RunSettings, Task
@@ -82,29 +82,34 @@ def run_sweep(task: Task, plan: Mapping[str, list[RunSettings]], folder: RunFold
     """Train the planned runs (each by the processes of ``engine`` together) and write the tables;
     processes other than process 0 return no tables. A run found finished meanwhile, or claimed
     while another process trains a run of other settings into the folder, ends the sweep with one
-    line (status 2) before anything of it is trained or tabulated, as does a failed write."""
+    line (status 2) before anything of it is trained or tabulated, as does a failed write. A run
+    that diverges (:class:`~bam_pyro.training.Diverged`) is reported in one line and the sweep goes
+    on; once the others are tabulated, the sweep ends with status 1 naming the runs that failed."""
     engine = engine or LocalEngine()
     try:
-        left = train_planned(task, plan, folder, args, parser, engine)
+        left, failed = train_planned(task, plan, folder, args, parser, engine)
         if not engine.is_global_zero:
             return {}
         require_agreement(folder_runs(task, folder), task, f"{folder.out} holds runs of other settings")
         results = folder.write_results()
         asked = results[results[task.panel].isin(args.panels) & results["variant"].isin(args.variant)] if len(results) else results
-        if asked.empty:
+        if asked.empty and left:
             print(f"{folder.out}: no finished run to tabulate yet: {', '.join(left)} "
                   f"{'is' if len(left) == 1 else 'are'} being trained by other processes (--wait waits for them)", flush=True)
-            return {}
-        return write_tables(task, asked, folder.out)
+        tables = {} if asked.empty else write_tables(task, asked, folder.out)
     except (SettingsMismatch, DamagedFile, WriteFailed) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
+    if failed:
+        parser.exit(1, f"{parser.prog}: error: {len(failed)} run(s) diverged and have no record: {', '.join(failed)} "
+                       "(their last checkpoints are kept; see the lines above for where each stopped)\n")
+    return tables
 
 
 def train_planned(task: Task, plan: Mapping[str, list[RunSettings]], folder: RunFolder, args: argparse.Namespace,
-                  parser: argparse.ArgumentParser, engine: Engine) -> list[str]:
+                  parser: argparse.ArgumentParser, engine: Engine) -> tuple[list[str], list[str]]:
     """Train each planned run that no other process holds (with ``args.wait``, wait for those);
-    returns the names of those left to others."""
-    left = []
+    returns the names of those left to others, and of those that diverged (each said in one line)."""
+    left, failed = [], []
     for panel, runs in plan.items():
         if not runs:
             continue
@@ -124,12 +129,17 @@ def train_planned(task: Task, plan: Mapping[str, list[RunSettings]], folder: Run
                 refusal = engine.broadcast(engine.is_global_zero and _refusal(task, folder, name, settings))
                 if refusal:  # a process that started on this folder with other settings since the plan
                     parser.exit(2, f"{parser.prog}: error: {refusal}\n")
-                record = train_one(task, settings, data, folder, args, engine)
+                try:
+                    record = train_one(task, settings, data, folder, args, engine)
+                except Diverged as error:
+                    print(f"{name}: diverged, not recorded: {error}", flush=True)
+                    failed.append(name)
+                    continue
             if not engine.is_global_zero:
                 continue
             shown = ", ".join(f"{m} {record['metrics'][m]:.4g}" for m in task.metrics_of(panel) if record["metrics"].get(m) is not None)
             print(f"{panel} {settings.variant} seed {settings.seed}: {shown} ({record['wall_seconds']:.0f}s)", flush=True)
-    return left
+    return left, failed
 
 
 def _refusal(task: Task, folder: RunFolder, name: str, settings: RunSettings) -> Optional[str]:
