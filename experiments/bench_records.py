@@ -160,9 +160,43 @@ def bench_table(bench: str, records: Mapping[str, Mapping[str, Any]]) -> str:
     return note + "\n\n" + "\n".join(lines) + "\n"
 
 
+def profile_tables(bench: str, records: Mapping[str, Mapping[str, Any]]) -> str:
+    """The Markdown of the operator profiles the records of one bench hold (``--profile``), one
+    table per profiled row: each operator's self CPU time per step in each model (ms, and its share
+    of that model's profiled step) and what the second compared model spends more than the first,
+    as a share of the first's step; empty when no record holds a profile."""
+    parts = []
+    for name, record in records.items():
+        for row in record["rows"]:
+            profile = row.get("profile")
+            if not profile:
+                continue
+            models, (baseline, bam) = list(profile["self_ms"]), profile["compare"]
+            total = profile["self_ms"]
+            steps = ", ".join(f"{m} {total[m]:.1f} ms" for m in models)
+            shape = ", ".join(f"{k} {_cell(row[k])}" for k in ("graph", "model", "batch", "length") if row.get(k) is not None)
+            parts.append(f"`{name}` (`{shlex.join(record['options'])}`{'; ' + shape if shape else ''}): {profile['steps']} "
+                         f"profiled steps of each; self CPU time a step: {steps}; {bam} - {baseline}: "
+                         f"{total[bam] - total[baseline]:+.1f} ms ({100 * (total[bam] - total[baseline]) / total[baseline]:+.1f}% "
+                         f"of {baseline}'s step)\n")
+            header = ["operator", *(f"{m} ms (share)" for m in models), f"{bam} - {baseline} ms", f"% of {baseline}'s step"]
+            lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            for op in profile["operators"]:
+                gap = op[bam] - op[baseline]
+                cells = [f"`{op['operator']}`", *(f"{op[m]:.2f} ({100 * op[m] / total[m]:.1f}%)" for m in models),
+                         f"{gap:+.2f}", f"{100 * gap / total[baseline]:+.1f}"]
+                lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+            parts.append("\n".join(lines) + "\n")
+    if not parts:
+        return ""
+    note = f"<!-- python -m experiments.results bench: the profiles in the records of results/bench/{bench}; do not edit -->"
+    return note + "\n\n" + "\n".join(parts)
+
+
 def build_bench_tables(records: Path, out: Path) -> list[Path]:
-    """``<out>/bench_<bench>.md`` for every bench with records under ``records`` (``results/bench``);
-    returns the files written."""
+    """``<out>/bench_<bench>.md`` for every bench with records under ``records`` (``results/bench``),
+    and ``bench_<bench>_profile.md`` for those whose records hold operator profiles; returns the
+    files written."""
     written = []
     for folder in sorted(p for p in records.iterdir() if p.is_dir()) if records.is_dir() else []:
         found = read_bench_records(folder)
@@ -171,5 +205,10 @@ def build_bench_tables(records: Path, out: Path) -> list[Path]:
             path = out / f"bench_{folder.name}.md"
             path.write_text(bench_table(folder.name, found))
             written.append(path)
+            profiles = profile_tables(folder.name, found)
+            if profiles:
+                path = out / f"bench_{folder.name}_profile.md"
+                path.write_text(profiles)
+                written.append(path)
     return written
 

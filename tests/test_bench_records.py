@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from experiments import bench, catalog, results
-from experiments.bench_records import COLUMNS, bench_table, new_bench_record, read_bench_records
+from experiments.bench_records import COLUMNS, bench_table, new_bench_record, read_bench_records, write_bench_record
+from experiments.gat import benchmark as gat_bench
 from experiments.records import versions
+from experiments.runner.benchmarking import operator_profile
 
 
 def test_a_recorded_bench_rebuilds_its_table_from_the_record(tmp_path, data_root):
@@ -94,3 +97,43 @@ def test_a_bench_without_declared_columns_shows_every_figure_it_printed():
     assert lines[5].startswith("| `run` | `--shapes 16x128 4x512` | 1.7 | 3.0 | 2 |")
     with pytest.raises(ValueError, match="returned no figures"):
         new_bench_record("toy", [], [], [None], (0.0, 0.0, 0.0))
+
+
+def test_an_operator_profile_puts_first_where_the_second_model_spends_more():
+    a, b = torch.randn(200, 200), torch.randn(400_000)
+    steps = {"soft": lambda: a @ a, "wc": lambda: (a @ a, torch.sort(b))}
+    profile = operator_profile(steps, 2, ("soft", "wc"), top=5)
+    first = profile["operators"][0]
+    assert first["operator"] == "aten::sort" and first["soft"] == 0.0 and first["wc"] > 0.0
+    assert profile["self_ms"]["wc"] > profile["self_ms"]["soft"] > 0.0
+    mm = next(op for op in profile["operators"] if op["operator"] == "aten::mm")
+    assert mm["soft"] > 0.0 and mm["wc"] > 0.0  # both models' time of an operator both use
+    assert sum(op["wc"] for op in profile["operators"]) <= profile["self_ms"]["wc"] + 1e-6
+
+
+def test_a_profiled_bench_records_its_profile_and_rebuilds_a_table_of_it(tmp_path):
+    """The GAT bench's timing process with ``--profile 1`` (in this process: the bench runs it in a
+    fresh one), its profile in a record, and the profile's table that ``experiments.results`` builds."""
+    timing = gat_bench.measure_time(["soft", "wc"], gat_bench.GraphSize(60, 300, 8, None), 1, 1, True, profile=1)
+    profile = timing["profile"]
+    assert profile["compare"] == ["soft", "wc"] and set(profile["self_ms"]) == {"soft", "wc"}
+    assert any(op["wc"] > 0.0 == op["soft"] for op in profile["operators"])  # the Weibull draw's, the KL's: BAM-WC's own
+    row = {"graph": timing["graph"], "threads": 1, "soft_ms": 1.0, "bam_ms": 2.0, "profile": profile}
+    options = ["--nodes", "60", "--edges", "300", "--profile", "1"]
+    write_bench_record(tmp_path / "bench", "p", new_bench_record("gat", options, options, [row], (0.1, 0.1, 0.1)))
+    written = results.build("bench", tmp_path, tmp_path / "docs")
+    assert [path.name for path in written] == ["bench_gat.md", "bench_gat_profile.md"]
+    text = written[1].read_text()
+    assert "`p` (`--nodes 60 --edges 300 --profile 1`; graph " in text
+    assert "| operator | soft ms (share) | wc ms (share) | wc - soft ms | % of soft's step |" in text
+    assert "aten::" not in written[0].read_text() and "aten::" in text  # the figures' table leaves the profile to its own
+
+
+def test_a_profile_the_bench_cannot_take_ends_in_one_line(capsys):
+    for argv, message in ((["vqa", "--profile", "2", "--device", "cuda"], "--profile times CPU operators; not with --device cuda"),
+                          (["gat", "--profile", "-1"], "--profile must be >= 0, got -1"),
+                          (["gat", "--profile", "1", "--compile"], "--profile profiles the eager steps; not with --compile")):
+        with pytest.raises(SystemExit) as exit_info:
+            bench.main(argv)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and message in err and err.count("\n") == 1, err

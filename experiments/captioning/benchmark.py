@@ -25,7 +25,8 @@ import time
 from typing import Any, Callable, Optional
 
 from experiments.runner.benchmarking import (
-    add_device_option, in_fresh_process, interleaved_step_ms, memory_measurement, synchronized, to_device, two_step_peak_mb,
+    add_device_option, add_profile_option, check_profile_option, in_fresh_process, interleaved_step_ms, memory_measurement,
+    operator_profile, synchronized, to_device, two_step_peak_mb,
 )
 from experiments.runner import whole_number
 
@@ -58,23 +59,26 @@ def _load(threads: int):
     return load_data(TASK.settings_for("flickr8k", "soft", 0, {}), None)
 
 
-def measure_time(batch: int, steps: int, warmup: int, threads: int, device: str = "cpu") -> dict[str, list[float]]:
-    """Every timed step (ms) of each variant, the variants taking their steps in turn."""
+def measure_time(batch: int, steps: int, warmup: int, threads: int, device: str = "cpu", profile: int = 0) -> dict[str, Any]:
+    """Every timed step (ms) of each variant, the variants taking their steps in turn; with
+    ``profile``, that many more steps of each profiled (``"profile"``, :func:`operator_profile`)."""
     data = _load(threads)
     times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    step_of = {variant: _training_step(variant, data, batch, device) for variant in VARIANTS}
 
     def timed(variant: str) -> Callable[[], None]:
-        step = _training_step(variant, data, batch, device)
-
         def run() -> None:
             start = time.perf_counter()
-            step()
+            step_of[variant]()
             times[variant].append(1000 * (time.perf_counter() - start))
 
         return run
 
     interleaved_step_ms({variant: timed(variant) for variant in VARIANTS}, steps, warmup)
-    return {variant: t[warmup:] for variant, t in times.items()}
+    timing: dict[str, Any] = {variant: t[warmup:] for variant, t in times.items()}
+    if profile:
+        timing["profile"] = operator_profile(step_of, profile, ("soft", "wc"))
+    return timing
 
 
 def measure_memory(variant: str, batch: int, threads: int, device: str = "cpu") -> dict[str, float]:
@@ -96,8 +100,10 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     p.add_argument("--threads", type=whole_number(1), default=1, help="torch threads per process")
     p.add_argument("--memory-repeats", type=whole_number(1), default=3, help="fresh processes per variant for memory")
     add_device_option(p)
+    add_profile_option(p)
     args = p.parse_args(argv)
-    times = in_fresh_process(measure_time, (args.batch, args.steps, args.warmup, args.threads, args.device))
+    check_profile_option(p, args)
+    times = in_fresh_process(measure_time, (args.batch, args.steps, args.warmup, args.threads, args.device, args.profile))
     ratios = [bam / soft for soft, bam in zip(times["soft"], times["wc"])]
     q1, ratio, q3 = quartiles(ratios)
     peaks = {variant: [memory_measurement(measure_memory, (variant, args.batch, args.threads, args.device), args.device)["peak_mb"]
@@ -110,6 +116,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         "soft_peak_mb": round(statistics.median(peaks["soft"]), 1), "bam_peak_mb": round(statistics.median(peaks["wc"]), 1),
         "mem_ratio": round(statistics.median(memory_ratios), 3),
         "mem_ratio_range": [round(min(memory_ratios), 3), round(max(memory_ratios), 3)],
+        **({"profile": times["profile"]} if args.profile else {}),
     }
     print(json.dumps(result), flush=True)
     return result

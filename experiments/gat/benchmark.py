@@ -61,7 +61,10 @@ from torch_geometric.nn import GATConv
 from bam_pyro import BamConfig, ObjectiveConfig
 from bam_pyro.elbo import AttentionMeanFieldELBO
 from bam_pyro.training import SVITrainer
-from experiments.runner.benchmarking import add_device_option, in_fresh_process, memory_measurement, step_peak_mb, synchronized
+from experiments.runner.benchmarking import (
+    add_device_option, add_profile_option, check_profile_option, in_fresh_process, memory_measurement, operator_profile,
+    step_peak_mb, synchronized,
+)
 from experiments.gat.task import GatSettings
 from experiments.gat.planetoid import load_planetoid
 from experiments.runner import whole_number
@@ -167,9 +170,10 @@ def step_function(name: str, x, edge_index, y, train, num_classes, dropout_per_h
 
 
 def measure_time(models: list[str], size: GraphSize, steps: int, threads: int, dropout_per_head: bool,
-                 loops_added: bool = False, device: str = "cpu") -> dict:
+                 loops_added: bool = False, device: str = "cpu", profile: int = 0) -> dict:
     """Step times (s) of each model, the models taking their steps in turn: their medians (ms) and,
-    per model, the list of times."""
+    per model, the list of times; with ``profile``, that many more steps of each profiled
+    (:func:`operator_profile`: BAM-WC against soft, or against ``GATConv`` without soft)."""
     torch.set_num_threads(threads)
     x, edge_index, *rest, description = graph(*size)
     if loops_added:
@@ -184,7 +188,10 @@ def measure_time(models: list[str], size: GraphSize, steps: int, threads: int, d
             start = time.perf_counter()
             step()
             times[name].append(time.perf_counter() - start)
-    return {"ms": {name: 1000 * statistics.median(t) for name, t in times.items()}, "times": times, "graph": description}
+    timing = {"ms": {name: 1000 * statistics.median(t) for name, t in times.items()}, "times": times, "graph": description}
+    if profile:
+        timing["profile"] = operator_profile(step_of, profile, ("soft" if "soft" in step_of else models[0], models[-1]))
+    return timing
 
 
 def paired_ratio(numerator: list[float], denominator: list[float]) -> dict:
@@ -217,7 +224,11 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                    help="also time each model with its network compiled (torch.compile); 'step': and with its "
                         "whole step's loss compiled too; no memory figures")
     add_device_option(p)
+    add_profile_option(p)
     args = p.parse_args(argv)
+    check_profile_option(p, args)
+    if args.profile and args.compile:
+        p.exit(2, f"{p.prog}: error: --profile profiles the eager steps; not with --compile\n")
     if (args.nodes is None) != (args.edges is None):
         p.error("--nodes and --edges go together")
     steps = args.steps or (100 if args.nodes is None else 5)
@@ -227,7 +238,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                                  whole_step=args.compile == "step")
         print(json.dumps(result))
         return result
-    timed = in_fresh_process(measure_time, (args.models, size, steps, args.threads, args.dropout_per_head, False, args.device))
+    timed = in_fresh_process(measure_time, (args.models, size, steps, args.threads, args.dropout_per_head, False, args.device,
+                                            args.profile))
     result = {"graph": timed["graph"], "threads": args.threads, "steps": steps, "device": args.device,
               "dropout_per_head": args.dropout_per_head}
     key = {"gatconv": "gatconv", "soft": "soft", "wc": "bam"}
@@ -244,6 +256,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         result["soft_time_ratio"] = round(ms["soft"] / ms["gatconv"], 3)
     if "soft" in ms and "wc" in ms:
         result["bam_over_soft_eager"] = paired_ratio(timed["times"]["wc"], timed["times"]["soft"])
+    if args.profile:
+        result["profile"] = timed["profile"]
     print(json.dumps(result))
     return result
 

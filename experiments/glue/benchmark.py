@@ -46,7 +46,8 @@ import time
 from typing import Any, Callable, Optional
 
 from experiments.runner.benchmarking import (
-    add_device_option, in_fresh_process, memory_measurement, soft_and_bam_figures, synchronized, two_step_peak_mb,
+    add_device_option, add_profile_option, check_profile_option, in_fresh_process, memory_measurement, operator_profile,
+    soft_and_bam_figures, synchronized, two_step_peak_mb,
 )
 from experiments.runner import whole_number
 from bam_pyro.transformers import DEFAULT_MODEL, resolve_pretrained
@@ -116,10 +117,11 @@ def _training_step(variant: str, model: str, layers: int, batch: int, length: in
 
 
 def measure_time(model: str, layers: int, batch: int, length: int, steps: int, warmup: int, threads: int, k: float,
-                 fused: bool, compile_model: bool, compiled_noise: bool, device: str = "cpu") -> dict[str, Any]:
+                 fused: bool, compile_model: bool, compiled_noise: bool, device: str = "cpu", profile: int = 0) -> dict[str, Any]:
     """Step times of soft and BAM-WC taken in turn: their medians (ms) and the per-step ratios
     BAM-WC / soft; with ``compile_model`` eager BAM-WC takes its steps in the same round, and the
-    ratios compiled / eager BAM-WC come too."""
+    ratios compiled / eager BAM-WC come too; with ``profile``, that many more steps of each
+    profiled (:func:`operator_profile`)."""
     import torch
 
     torch.set_num_threads(threads)
@@ -142,6 +144,8 @@ def measure_time(model: str, layers: int, batch: int, length: int, steps: int, w
         for variant, name in (("soft", "soft"), ("wc", "bam")):
             result[f"{name}_eager_ms"] = statistics.median(times[f"{variant}-eager"])
             result[f"{name}_compiled_over_eager"] = [c / e for c, e in zip(times[variant], times[f"{variant}-eager"])]
+    if profile:
+        result["profile"] = operator_profile(step_of, profile, ("soft", "wc"))
     return result
 
 
@@ -167,7 +171,7 @@ def ratio_summary(ratios: list[float], name: str = "time_ratio") -> dict[str, An
 def bench_shape(args: argparse.Namespace, model: str, batch: int, length: int) -> dict[str, Any]:
     common = (model, args.layers, batch, length)
     timing = in_fresh_process(measure_time, common + (args.steps, args.warmup, args.threads, args.k, not args.materialized,
-                                                      args.compile, args.compiled_noise, args.device))
+                                                      args.compile, args.compiled_noise, args.device, args.profile))
     soft, bam = (
         {"ms": timing[f"{name}_ms"],
          **memory_measurement(measure_memory, (variant,) + common + (args.threads, args.k, not args.materialized, args.compile,
@@ -185,6 +189,8 @@ def bench_shape(args: argparse.Namespace, model: str, batch: int, length: int) -
         for name in ("soft", "bam"):
             result[f"{name}_eager_ms"] = round(timing[f"{name}_eager_ms"], 1)
             result.update(ratio_summary(timing[f"{name}_compiled_over_eager"], f"{name}_compiled_over_eager"))
+    if args.profile:
+        result["profile"] = timing["profile"]
     return result
 
 
@@ -205,7 +211,9 @@ def main(argv: Optional[list[str]] = None) -> list[dict[str, Any]]:
     p.add_argument("--compiled-noise", action="store_true",
                    help="draw the fused path's noise through torch.compile (bam_pyro.fused.compile_noise); timing only")
     add_device_option(p)
+    add_profile_option(p)
     args = p.parse_args(argv)
+    check_profile_option(p, args)
     if (args.batch is None) != (args.length is None):
         p.error("--batch and --length go together")
     shapes = [(args.batch, args.length)] if args.batch is not None else args.shapes

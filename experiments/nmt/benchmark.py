@@ -25,7 +25,8 @@ import json
 from typing import Any, Callable, Optional
 
 from experiments.runner.benchmarking import (
-    add_device_option, in_fresh_process, interleaved_step_ms, memory_measurement, synchronized, to_device, two_step_peak_mb,
+    add_device_option, add_profile_option, check_profile_option, in_fresh_process, interleaved_step_ms, memory_measurement,
+    operator_profile, synchronized, to_device, two_step_peak_mb,
 )
 from experiments.runner import whole_number
 
@@ -59,13 +60,17 @@ def _training_step(variant: str, preset: str, batch: int, length: int, vocab: in
 
 
 def measure_time(variants: list[str], preset: str, batch: int, length: int, vocab: int, steps: int, warmup: int,
-                 threads: int, device: str = "cpu") -> dict[str, float]:
-    """Median step time (ms) of each variant, the variants taking their steps in turn."""
+                 threads: int, device: str = "cpu", profile: int = 0) -> dict[str, Any]:
+    """Median step time (ms) of each variant, the variants taking their steps in turn; with
+    ``profile``, that many more steps of each profiled (``"profile"``, :func:`operator_profile`)."""
     import torch
 
     torch.set_num_threads(threads)
     step_of = {variant: _training_step(variant, preset, batch, length, vocab, device) for variant in variants}
-    return interleaved_step_ms(step_of, steps, warmup)
+    timing: dict[str, Any] = interleaved_step_ms(step_of, steps, warmup)
+    if profile:
+        timing["profile"] = operator_profile(step_of, profile, (BENCH_MODELS["soft"], BENCH_MODELS["bam"]))
+    return timing
 
 
 def measure_memory(variant: str, preset: str, batch: int, length: int, vocab: int, threads: int, device: str = "cpu") -> float:
@@ -90,10 +95,13 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     p.add_argument("--models", nargs="+", choices=list(BENCH_MODELS), default=list(BENCH_MODELS),
                    help="what to time beside soft and bam (always measured, with their memory)")
     add_device_option(p)
+    add_profile_option(p)
     args = p.parse_args(argv)
+    check_profile_option(p, args)
     timed = {name: BENCH_MODELS[name] for name in dict.fromkeys(["soft", "bam", *args.models])}
     shape = (args.preset, args.batch, args.length, args.vocab)
-    ms = in_fresh_process(measure_time, ([*timed.values()], *shape, args.steps, args.warmup, args.threads, args.device))
+    ms = in_fresh_process(measure_time, ([*timed.values()], *shape, args.steps, args.warmup, args.threads, args.device,
+                                           args.profile))
     peak = {name: memory_measurement(measure_memory, (BENCH_MODELS[name], *shape, args.threads, args.device), args.device)
             for name in ("soft", "bam")}
     result: dict[str, Any] = {"preset": args.preset, "batch": args.batch, "length": args.length, "vocab": args.vocab,
@@ -102,6 +110,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     result.update({f"{name}_peak_mb": round(peak[name], 1) for name in peak})
     result["time_ratio"] = round(ms[BENCH_MODELS["bam"]] / ms[BENCH_MODELS["soft"]], 3)
     result["mem_ratio"] = round(peak["bam"] / peak["soft"], 3)
+    if args.profile:
+        result["profile"] = ms["profile"]
     print(json.dumps(result), flush=True)
     return result
 

@@ -163,3 +163,47 @@ def step_peak_mb(step: Callable[[], Any], device: str) -> float:
     reset_peak()
     step()
     return max(resident_mb("VmHWM") - before, 0.0)
+
+
+def add_profile_option(parser: argparse.ArgumentParser) -> None:
+    """``--profile STEPS``: after the timed steps, profile STEPS more of each model (CPU only)."""
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="after timing, profile STEPS more steps of each model with torch.profiler and print the "
+                             "operators' self CPU time per step (the record keeps it; CPU only; default 0: no profile)")
+
+
+def check_profile_option(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """One line and status 2 for a ``--profile`` the bench cannot honour."""
+    problem = (f"--profile must be >= 0, got {args.profile}" if args.profile < 0 else
+               f"--profile times CPU operators; not with --device {args.device}" if args.profile and not args.device.startswith("cpu")
+               else None)
+    if problem:
+        parser.exit(2, f"{parser.prog}: error: {problem}\n")
+
+
+def operator_profile(step_of: dict[str, Callable[[], Any]], steps: int, compare: tuple[str, str], top: int = 15) -> dict[str, Any]:
+    """Where each model's step spends its time: ``steps`` more steps of each (in turn) under
+    ``torch.profiler``, every operator's self CPU time per step (ms), and each step's total.
+
+    ``operators`` lists the union of every model's ``top`` operators, with their time in every
+    model, ordered by how much more the second model of ``compare`` spends in them than the first
+    (``compare = (baseline, bam)``): the top of the list is where the extra time of the second goes.
+    The profiler adds a fixed cost per operator call, so many small operators (Pyro's bookkeeping)
+    weigh a little more than in an unprofiled step; the steps' totals are the profiled ones."""
+    from torch.profiler import ProfilerActivity, profile
+
+    per_model: dict[str, dict[str, float]] = {}
+    for name, step in step_of.items():
+        with profile(activities=[ProfilerActivity.CPU]) as profiler:
+            for _ in range(steps):
+                step()
+        per_model[name] = {e.key: e.self_cpu_time_total / 1000 / steps for e in profiler.key_averages()}
+    shown = {op for times in per_model.values() for op in sorted(times, key=times.get, reverse=True)[:top]}
+    baseline, bam = compare
+    gap = {op: per_model[bam].get(op, 0.0) - per_model[baseline].get(op, 0.0) for op in shown}
+    return {
+        "steps": steps, "compare": list(compare),
+        "self_ms": {name: round(sum(times.values()), 2) for name, times in per_model.items()},
+        "operators": [{"operator": op, **{name: round(times.get(op, 0.0), 3) for name, times in per_model.items()}}
+                      for op in sorted(shown, key=lambda op: (-gap[op], op))],
+    }

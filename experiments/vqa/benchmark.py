@@ -25,8 +25,8 @@ import math
 from typing import Any, Callable, Optional
 
 from experiments.runner.benchmarking import (
-    add_device_option, in_fresh_process, interleaved_step_ms, memory_measurement, soft_and_bam_figures, synchronized,
-    to_device, two_step_peak_mb,
+    add_device_option, add_profile_option, check_profile_option, in_fresh_process, interleaved_step_ms, memory_measurement,
+    operator_profile, soft_and_bam_figures, synchronized, to_device, two_step_peak_mb,
 )
 from experiments.runner import whole_number
 
@@ -51,9 +51,9 @@ def _training_step(variant: str, data, batch: int, device: str = "cpu") -> Calla
 
 
 def measure_time(variants: list[str], batch: int, steps: int, warmup: int, threads: int, images: Optional[int],
-                 device: str = "cpu") -> dict[str, Any]:
-    """Median step time (ms) of each variant, the variants taking their steps in turn; and the
-    training split's size."""
+                 device: str = "cpu", profile: int = 0) -> dict[str, Any]:
+    """Median step time (ms) of each variant, the variants taking their steps in turn; the
+    training split's size; with ``profile``, that many more steps of each profiled (:func:`operator_profile`)."""
     import torch
 
     from experiments.vqa.easy_vqa import load_easy_vqa
@@ -61,7 +61,10 @@ def measure_time(variants: list[str], batch: int, steps: int, warmup: int, threa
     torch.set_num_threads(threads)
     data = load_easy_vqa(train_images=images)
     step_of = {variant: _training_step(variant, data, batch, device) for variant in variants}
-    return {"train_questions": len(data.train), **interleaved_step_ms(step_of, steps, warmup)}
+    timing = {"train_questions": len(data.train), **interleaved_step_ms(step_of, steps, warmup)}
+    if profile:
+        timing["profile"] = operator_profile(step_of, profile, ("soft", "wc"))
+    return timing
 
 
 def measure_memory(variant: str, batch: int, threads: int, images: Optional[int], device: str = "cpu") -> dict[str, float]:
@@ -84,9 +87,11 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     p.add_argument("--train-images", type=whole_number(2), default=None,
                    help="load only N training images (a quick check; the epoch minutes are then those of the subset)")
     add_device_option(p)
+    add_profile_option(p)
     args = p.parse_args(argv)
+    check_profile_option(p, args)
     timing = in_fresh_process(measure_time, (["soft", "wc"], args.batch, args.steps, args.warmup, args.threads, args.train_images,
-                                             args.device))
+                                             args.device, args.profile))
     soft, bam = (
         {"ms": timing[variant], **memory_measurement(measure_memory, (variant, args.batch, args.threads, args.train_images,
                                                                       args.device), args.device)}
@@ -99,6 +104,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         **soft_and_bam_figures(soft, bam),
         "soft_epoch_minutes": round(steps_per_epoch * soft["ms"] / 60_000, 2),
         "bam_epoch_minutes": round(steps_per_epoch * bam["ms"] / 60_000, 2),
+        **({"profile": timing["profile"]} if args.profile else {}),
     }
     print(json.dumps(result), flush=True)
     return result
