@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 RETURN_FREED_BLOCKS = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+#: the last entry of an operator profile: the time of the operators not listed
+OTHER_OPERATORS = "(other operators)"
 
 
 def in_fresh_process(function: Callable, arguments: tuple, environment: Optional[dict[str, str]] = None) -> Any:
@@ -185,9 +187,10 @@ def operator_profile(step_of: dict[str, Callable[[], Any]], steps: int, compare:
     """Where each model's step spends its time: ``steps`` more steps of each (in turn) under
     ``torch.profiler``, every operator's self CPU time per step (ms), and each step's total.
 
-    ``operators`` lists the union of every model's ``top`` operators, with their time in every
-    model, ordered by how much more the second model of ``compare`` spends in them than the first
-    (``compare = (baseline, bam)``): the top of the list is where the extra time of the second goes.
+    ``operators`` lists the union of every model's ``top`` operators and of the ``top`` operators
+    in which the second model of ``compare = (baseline, bam)`` spends most more than the first, with
+    their time in every model, ordered by that extra: the top of the list is where BAM's extra time
+    goes; a last entry, ``(other operators)``, holds the rest of each model's time.
     The profiler adds a fixed cost per operator call, so many small operators (Pyro's bookkeeping)
     weigh a little more than in an unprofiled step; the steps' totals are the profiled ones."""
     from torch.profiler import ProfilerActivity, profile
@@ -198,12 +201,16 @@ def operator_profile(step_of: dict[str, Callable[[], Any]], steps: int, compare:
             for _ in range(steps):
                 step()
         per_model[name] = {e.key: e.self_cpu_time_total / 1000 / steps for e in profiler.key_averages()}
-    shown = {op for times in per_model.values() for op in sorted(times, key=times.get, reverse=True)[:top]}
     baseline, bam = compare
-    gap = {op: per_model[bam].get(op, 0.0) - per_model[baseline].get(op, 0.0) for op in shown}
+    every = {op for times in per_model.values() for op in times}
+    gap = {op: per_model[bam].get(op, 0.0) - per_model[baseline].get(op, 0.0) for op in every}
+    shown = {op for times in per_model.values() for op in sorted(times, key=times.get, reverse=True)[:top]}
+    shown |= set(sorted(every, key=lambda op: (-gap[op], op))[:top])
+    rows = [{"operator": op, **{name: round(times.get(op, 0.0), 3) for name, times in per_model.items()}}
+            for op in sorted(shown, key=lambda op: (-gap[op], op))]
+    rest = {name: round(sum(t for op, t in times.items() if op not in shown), 3) for name, times in per_model.items()}
     return {
         "steps": steps, "compare": list(compare),
         "self_ms": {name: round(sum(times.values()), 2) for name, times in per_model.items()},
-        "operators": [{"operator": op, **{name: round(times.get(op, 0.0), 3) for name, times in per_model.items()}}
-                      for op in sorted(shown, key=lambda op: (-gap[op], op))],
+        "operators": [*rows, {"operator": OTHER_OPERATORS, **rest}],
     }
