@@ -592,6 +592,36 @@ def test_traced_call_under_compile_gives_the_eager_draw_and_gradients(mask_kind)
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+def test_a_batch_without_padding_reaches_the_attention_without_a_mask_and_draws_the_same(monkeypatch):
+    """transformers' bidirectional mask is skipped when nothing is padded (sdpa's own test of the
+    2D mask): the attention calls get None, mask no chunk, and give what the all-True mask gave."""
+    import bam_pyro.transformers.attention as hf_attention
+    from bam_pyro.transformers import to_bam
+    from transformers import BertConfig, BertForSequenceClassification
+
+    seen = []
+    layout = hf_attention.fused_layout
+    monkeypatch.setattr(hf_attention, "fused_layout", lambda mask, *args: seen.append(mask) or layout(mask, *args))
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
+    network = to_bam(BertForSequenceClassification(config), BamConfig("wc", k=10.0, beta=1e-2, d_mid=3)).train()
+    ids = torch.randint(5, 60, (2, 6))
+    outputs = {}
+    for skipped in (True, False):
+        if not skipped:  # a mask function bam_mask does not know: built, all True
+            monkeypatch.setattr(hf_attention, "bidirectional_mask_function", None)
+        seen.clear()
+        torch.manual_seed(1)
+        with poutine.trace():
+            outputs[skipped] = network(ids, attention_mask=torch.ones_like(ids)).logits
+        outputs[skipped].sum().backward()
+        assert len(seen) == 2 and all((mask is None) == skipped for mask in seen)
+        outputs[skipped, "grads"] = [p.grad.clone() for p in network.parameters() if p.grad is not None]
+        network.zero_grad(set_to_none=True)
+    assert torch.equal(outputs[True], outputs[False])
+    assert all(torch.equal(a, b) for a, b in zip(outputs[True, "grads"], outputs[False, "grads"]))
+
+
 def test_transformers_reads_the_mask_once_per_forward_pass_and_again_when_it_changes(monkeypatch):
     """A host read per layer would stall a GPU at every layer: a mask that bam_pyro's mask function
     built says its layout (no read, the same outputs); any other is read once per forward pass, every

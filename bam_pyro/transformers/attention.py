@@ -230,16 +230,21 @@ def is_key_padding(mask: Tensor, first_row: Tensor) -> bool:
 
 
 def bam_mask(*args: Any, **kwargs: Any) -> Optional[Tensor]:
-    """transformers' sdpa mask (boolean, True = attend), always built. sdpa may return None for a
-    causal mask without padding and leave causality to its kernel's ``is_causal``; Bayesian attention
-    reads None as "every key is valid", so the model would look ahead. For bidirectional attention
-    without padding None would be right, but telling it reads the padding on the host.
+    """transformers' sdpa mask (boolean, True = attend), built for causal attention: sdpa may return
+    None for a causal mask without padding and leave causality to its kernel's ``is_causal``;
+    Bayesian attention reads None as "every key is valid", so the model would look ahead. For
+    bidirectional attention without padding None is right, and sdpa gives it (one look at the 2D
+    padding mask on the host, once a forward pass; not in a traced graph, nor on the meta device): the attention calls then
+    apply no mask to every chunk of scores (on a padding-free MiniLM batch of 16 x 128, 2% of
+    BAM-WC's training step, record ``results/bench/bert/minilm-16x128-profile.json``).
 
     A mask of transformers' plain bidirectional or causal function (no offset, no window, no
     packed sequences) is marked with its kind (:data:`MASK_KIND`), so that the attention calls of
     the pass need not read its values to tell key padding and causal masks from others."""
-    mask = sdpa_mask(*args, **{**kwargs, "allow_is_causal_skip": False, "allow_is_bidirectional_skip": False})
-    function = kwargs.get("mask_function")
+    function, padding = kwargs.get("mask_function"), kwargs.get("attention_mask")
+    readable = padding is None or padding.device.type != "meta"  # a meta tensor has no values to look at
+    mask = sdpa_mask(*args, **{**kwargs, "allow_is_causal_skip": False,
+                               "allow_is_bidirectional_skip": function is bidirectional_mask_function and readable})
     plain = not args and not kwargs.get("q_offset") and not kwargs.get("kv_offset") and kwargs.get("local_size") is None
     if mask is not None and plain and function in (bidirectional_mask_function, causal_mask_function) \
             and not torch.compiler.is_compiling():
