@@ -12,7 +12,7 @@ from experiments import bench, catalog, results
 from experiments.bench_records import COLUMNS, bench_table, new_bench_record, read_bench_records, write_bench_record
 from experiments.gat import benchmark as gat_bench
 from experiments.records import versions
-from experiments.runner.benchmarking import operator_profile
+from experiments.runner.benchmarking import in_fresh_process, operator_profile
 
 
 def test_a_recorded_bench_rebuilds_its_table_from_the_record(tmp_path, data_root):
@@ -114,9 +114,12 @@ def test_an_operator_profile_puts_first_where_the_second_model_spends_more():
 
 
 def test_a_profiled_bench_records_its_profile_and_rebuilds_a_table_of_it(tmp_path):
-    """The GAT bench's timing process with ``--profile 1`` (in this process: the bench runs it in a
-    fresh one), its profile in a record, and the profile's table that ``experiments.results`` builds."""
-    timing = gat_bench.measure_time(["soft", "wc"], gat_bench.GraphSize(60, 300, 8, None), 1, 1, True, profile=1)
+    """The GAT bench's timing process with ``--profile 1`` (in a fresh process, as the bench runs it:
+    run in the test process, it left state that broke later tests' ``torch.compile`` graphs, cause
+    not isolated), its profile in a record, and the profile's table that ``experiments.results``
+    builds."""
+    timing = in_fresh_process(gat_bench.measure_time,
+                              (["soft", "wc"], gat_bench.GraphSize(60, 300, 8, None), 1, 1, True, False, "cpu", 1))
     profile = timing["profile"]
     assert profile["compare"] == ["soft", "wc"] and set(profile["self_ms"]) == {"soft", "wc"}
     assert any(op["wc"] > 0.0 == op["soft"] for op in profile["operators"])  # the Weibull draw's, the KL's: BAM-WC's own
