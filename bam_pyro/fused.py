@@ -103,7 +103,7 @@ def chunk_noise(row_keys: Tensor, rows: Tensor, key_index: Tensor, family: str, 
     drawn = noise.log_noise(noise.entry_bits(query_keys, key_index, inplace=True), family, k, sigma, dtype)
     if not dropout:
         return drawn, None
-    kept = noise.kept(noise.entry_bits(query_keys, key_index, noise.DROPOUT_STREAM, inplace=True), dropout, dtype)
+    kept = noise.uniform(noise.entry_bits(query_keys, key_index, noise.DROPOUT_STREAM, inplace=True), dtype) >= dropout
     return drawn, kept.to(dtype).mul_(1.0 / (1.0 - dropout))
 
 

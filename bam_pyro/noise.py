@@ -29,7 +29,6 @@ the exact laws put less than 1e-7 of their mass.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Optional
 
@@ -120,31 +119,6 @@ def uniform(bits: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     (a Gaussian of +inf, a Weibull noise of -inf: NaN weights under the Lognormal, a weight of 0
     under the Weibull, once in 2**24 entries): it is clamped to the largest float below 1."""
     return _shr(bits, 8).to(dtype).add_(0.5).mul_(1.0 / 2**24).clamp_(max=1.0 - torch.finfo(dtype).eps / 2)
-
-
-def kept(bits: Tensor, dropout: float, dtype: torch.dtype = torch.float32) -> Tensor:
-    """``uniform(bits, dtype) >= dropout`` (dropout's keep-mask), decided on the integer words:
-    :func:`uniform` is monotone in ``bits >> 8``, so the test is ``bits >> 8 >= x0`` with ``x0``
-    the first word whose uniform passes. The same entries, without converting to floating point
-    (a full pass, and the adds, the scaling and the clamp after it). Traced, the float test stays:
-    Inductor fuses it into the hash's loop, and finding ``x0`` reads tensors on the host."""
-    if torch.compiler.is_compiling():
-        return uniform(bits, dtype) >= dropout
-    return _shr(bits, 8) >= _first_kept_word(float(dropout), dtype)
-
-
-@functools.cache
-def _first_kept_word(dropout: float, dtype: torch.dtype) -> int:
-    """The least 24-bit word ``x`` whose :func:`uniform` in ``dtype`` is ``>= dropout`` (``2**24``
-    if none is), by bisection over the words, with :func:`uniform`'s own operations."""
-    def passes(word: int) -> bool:
-        return bool(uniform(torch.tensor([_signed32(word << 8)], dtype=torch.int32), dtype) >= dropout)
-
-    low, high = 0, 2**24
-    while low < high:
-        middle = (low + high) // 2
-        low, high = (low, middle) if passes(middle) else (middle + 1, high)
-    return low
 
 
 def gumbel_like(bits: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:

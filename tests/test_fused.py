@@ -159,17 +159,6 @@ def test_every_32_bit_word_gives_finite_noise_strictly_inside_the_documented_ran
                        torch.tensor([(2**24 - 2 + 0.5) / 2**24], dtype=torch.float32))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_the_dropout_test_on_integer_words_keeps_the_entries_the_uniforms_keep(dtype):
-    """Every one of the 2**24 words that make a uniform, with random low bits: the keep-mask
-    decided on the words is ``uniform >= p`` exactly, at dropout rates from tiny to near 1."""
-    words = torch.arange(2**24, dtype=torch.int64) << 8 | torch.randint(0, 256, (2**24,), generator=torch.Generator().manual_seed(0))
-    bits = (((words + 2**31) & 0xFFFFFFFF) - 2**31).to(torch.int32)
-    u = noise.uniform(bits, dtype)
-    for p in (1e-9, 0.1, 0.3, 0.5, 0.61803, 0.9999999, 1.0):
-        assert torch.equal(noise.kept(bits, p, dtype), u >= p), p
-
-
 def test_seeds_come_from_torch_generator_so_a_resumed_run_draws_the_same():
     attn = MultiHeadBayesianAttention(8, 2, CONFIGS["wc"]).train()
     x = torch.randn(2, 5, 8)

@@ -234,9 +234,9 @@ def bam_mask(*args: Any, **kwargs: Any) -> Optional[Tensor]:
     None for a causal mask without padding and leave causality to its kernel's ``is_causal``;
     Bayesian attention reads None as "every key is valid", so the model would look ahead. For
     bidirectional attention without padding None is right, and sdpa gives it (one look at the 2D
-    padding mask on the host, once a forward pass; not in a traced graph, nor on the meta device): the attention calls then
-    apply no mask to every chunk of scores (on a padding-free MiniLM batch of 16 x 128, 2% of
-    BAM-WC's training step, record ``results/bench/bert/minilm-16x128-profile.json``).
+    padding mask on the host, once a forward pass; not in a traced graph, nor on the meta
+    device): the attention calls then mask no chunk of scores (on a padding-free MiniLM batch of
+    16 x 128, 2% of BAM-WC's training step, record ``results/bench/bert/minilm-16x128-profile.json``).
 
     A mask of transformers' plain bidirectional or causal function (no offset, no window, no
     packed sequences) is marked with its kind (:data:`MASK_KIND`), so that the attention calls of
