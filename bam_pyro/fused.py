@@ -22,6 +22,10 @@ Two routes:
   Q, K and V as in FlashAttention's backward, plus the clean softmax times the normalizer's
   gradient. Memory: Q, K, V, the output and two numbers per query, plus one chunk of entries.
   Attention dropout is drawn from the same counters (a second stream), so it replays too.
+  An eager call whose map is small (at most :data:`STORED_ENTRIES` entries) keeps it instead, as
+  soft attention does: one chunk, whose scores, weights and keep-mask the backward pass reads
+  rather than drawing the noise again (MiniLM at 16 x 128: the noise chain drawn twice was a
+  quarter of BAM-WC's step, `bench bert --profile`).
   Under ``torch.compile``, a call whose map holds at most :data:`TRACED_ENTRIES` entries is
   instead traced as one chunk of plain tensor operations inside activation checkpointing:
   Inductor fuses the noise, the masks, the softmax and the dropout into its own loops, and the
@@ -51,6 +55,15 @@ from .pass_context import PassContext
 
 #: entries of one chunk of queries ``[N, H, chunk, Lk]``, about 4 MB in float32
 CHUNK_ENTRIES = 2**20
+
+
+#: largest map (entries of one call) that an eager call keeps for its backward pass instead of drawing
+#: the noise again: 16 MB in float32 a map kept (scores and weights, and the dropout mask)
+STORED_ENTRIES = 2**22
+
+
+def _wants_grad(*tensors: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 #: largest map (entries of one call, ``N * H * Lq * Lk``) that ``torch.compile`` traces as one
@@ -144,54 +157,103 @@ def _zero_empty(values: Tensor, has_keys: Optional[Tensor]) -> Tensor:
     return values if has_keys is None else values * has_keys
 
 
+def _chunk_maps(query_rows: Tensor, key: Tensor, chunks: _Chunks, start: int, stop: int
+                ) -> tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
+    """One chunk of queries' maps: the clean scores with the invalid entries set to the lowest
+    number, the noisy softmax weights before dropout (0 on rows without keys), the dropout
+    keep-mask scaled by ``1 / (1 - p)`` (or None) and the rows that have keys (None: all have)."""
+    scores = query_rows @ key.transpose(-1, -2)
+    valid = chunks.valid(start, stop)
+    has_keys = _has_keys(valid)
+    noisy, kept = chunks.noisy(scores, start, stop)
+    weights = _zero_empty(torch.softmax(_masked_(noisy, valid), dim=-1), has_keys)
+    return _masked_(scores, valid), weights, kept, has_keys
+
+
+def _normalizer(scores: Tensor, has_keys: Optional[Tensor]) -> Tensor:
+    """``logsumexp`` of masked clean scores over the keys; 0 on rows without keys."""
+    return _zero_empty(torch.logsumexp(scores, dim=-1, keepdim=True), has_keys).squeeze(-1)
+
+
 def _forward(query: Tensor, key: Tensor, value: Tensor, chunks: _Chunks, traced: bool = False) -> tuple[Tensor, Tensor]:
     """(Q, K, V) -> (softmax(QK^T + noise) @ V, logsumexp(QK^T)) chunk by chunk. ``traced``: for
     autograd to differentiate (the softmax, which its backward needs, is not overwritten)."""
     outputs, normalizers = [], []
     for start, stop in chunks.ranges():
-        scores = query[..., start:stop, :] @ key.transpose(-1, -2)
-        valid = chunks.valid(start, stop)
-        has_keys = _has_keys(valid)
-        noisy, kept = chunks.noisy(scores, start, stop)
-        weights = _zero_empty(torch.softmax(_masked_(noisy, valid), dim=-1), has_keys)
+        scores, weights, kept, has_keys = _chunk_maps(query[..., start:stop, :], key, chunks, start, stop)
         if kept is not None:
             weights = weights * kept if traced else weights.mul_(kept)
         outputs.append(weights @ value)
-        lse = torch.logsumexp(_masked_(scores, valid), dim=-1, keepdim=True)
-        normalizers.append(_zero_empty(lse, has_keys).squeeze(-1))
+        normalizers.append(_normalizer(scores, has_keys))
     return torch.cat(outputs, dim=-2), torch.cat(normalizers, dim=-1)
+
+
+def _zero_key_value_grads(query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+    """Zeroed gradients of K and V, over the batch shape they broadcast to with Q, for the chunks
+    to add to."""
+    grad_key = torch.zeros(torch.broadcast_shapes(key.shape[:-2], query.shape[:-2]) + key.shape[-2:],
+                           dtype=key.dtype, device=key.device)
+    return grad_key, torch.zeros(grad_key.shape[:-1] + value.shape[-1:], dtype=value.dtype, device=value.device)
+
+
+def _chunk_grads(grad_out: Tensor, grad_lse: Tensor, query_rows: Tensor, key: Tensor, value: Tensor, lse: Tensor,
+                 maps: tuple[Tensor, Tensor, Optional[Tensor]], grad_key: Tensor, grad_value: Tensor,
+                 overwrite: bool) -> Tensor:
+    """One chunk's gradient of Q (returned); its gradients of K and V are added to ``grad_key`` and
+    ``grad_value``. ``maps``: the chunk's masked clean scores, weights and keep-mask
+    (:func:`_chunk_maps`), overwritten if ``overwrite`` (regenerated for this call only)."""
+    scores, weights, kept = maps
+    grad_weights = grad_out @ value.transpose(-1, -2)  # d loss / d (dropped weights)
+    if kept is not None:
+        grad_value += (weights * kept).transpose(-1, -2) @ grad_out
+        grad_weights = grad_weights.mul_(kept)
+    else:
+        grad_value += weights.transpose(-1, -2) @ grad_out
+    # softmax backward, plus the clean softmax times the normalizer's gradient
+    rows = (grad_weights * weights).sum(dim=-1, keepdim=True)
+    grad_scores = grad_weights.sub_(rows).mul_(weights)
+    # exp(scores - lse): 0 on rows without keys, whose normalizer is 0
+    clean = (scores.sub_ if overwrite else scores.sub)(lse[..., None]).exp_()
+    grad_scores.addcmul_(clean, grad_lse[..., None])
+    grad_key += grad_scores.transpose(-1, -2) @ query_rows
+    return grad_scores @ key
 
 
 def _backward(grad_out: Tensor, grad_lse: Tensor, query: Tensor, key: Tensor, value: Tensor, lse: Tensor,
               chunks: _Chunks) -> tuple[Tensor, Tensor, Tensor]:
     """The gradients of Q, K and V (contiguous), chunk by chunk, the scores and the noise regenerated."""
     grad_query = query.new_empty(query.shape)
-    grad_key = torch.zeros(torch.broadcast_shapes(key.shape[:-2], query.shape[:-2]) + key.shape[-2:],
-                           dtype=key.dtype, device=key.device)
-    grad_value = torch.zeros(grad_key.shape[:-1] + value.shape[-1:], dtype=value.dtype, device=value.device)
+    grad_key, grad_value = _zero_key_value_grads(query, key, value)
     for start, stop in chunks.ranges():
-        q = query[..., start:stop, :]
-        scores = q @ key.transpose(-1, -2)
-        valid = chunks.valid(start, stop)
-        has_keys = _has_keys(valid)
-        noisy, kept = chunks.noisy(scores, start, stop)
-        weights = _zero_empty(torch.softmax(_masked_(noisy, valid), dim=-1), has_keys)
-        g_out = grad_out[..., start:stop, :]
-        grad_weights = g_out @ value.transpose(-1, -2)  # d loss / d (dropped weights)
-        if kept is not None:
-            grad_value += (weights * kept).transpose(-1, -2) @ g_out
-            grad_weights = grad_weights.mul_(kept)
-        else:
-            grad_value += weights.transpose(-1, -2) @ g_out
-        # softmax backward, plus the clean softmax times the normalizer's gradient
-        rows = (grad_weights * weights).sum(dim=-1, keepdim=True)
-        grad_scores = grad_weights.sub_(rows).mul_(weights)
-        # exp(scores - lse): 0 on rows without keys, whose normalizer is 0
-        clean = _masked_(scores, valid).sub_(lse[..., start:stop, None]).exp_()
-        grad_scores.addcmul_(clean, grad_lse[..., start:stop, None])
-        grad_query[..., start:stop, :] = grad_scores @ key
-        grad_key += grad_scores.transpose(-1, -2) @ q
+        rows = query[..., start:stop, :]
+        scores, weights, kept, _ = _chunk_maps(rows, key, chunks, start, stop)
+        grad_query[..., start:stop, :] = _chunk_grads(
+            grad_out[..., start:stop, :], grad_lse[..., start:stop], rows, key, value, lse[..., start:stop],
+            (scores, weights, kept), grad_key, grad_value, overwrite=True)
     return grad_query, grad_key.sum_to_size(key.shape), grad_value.sum_to_size(value.shape)
+
+
+class _StoredMapAttention(torch.autograd.Function):
+    """The chunked function's forward and backward as one chunk that keeps its maps for the backward
+    pass (the masked clean scores, the weights and the dropout keep-mask, as soft attention keeps
+    its map) instead of drawing the noise again: for maps of at most :data:`STORED_ENTRIES`
+    entries in eager mode, where regenerating the noise cost more than keeping it (module doc)."""
+
+    @staticmethod
+    def forward(ctx, query: Tensor, key: Tensor, value: Tensor, chunks: _Chunks) -> tuple[Tensor, Tensor]:
+        scores, weights, kept, has_keys = _chunk_maps(query, key, chunks, 0, chunks.num_queries)
+        out = (weights if kept is None else weights * kept) @ value
+        lse = _normalizer(scores, has_keys)
+        ctx.save_for_backward(query, key, value, lse, scores, weights, kept)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor, grad_lse: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+        query, key, value, lse, *maps = ctx.saved_tensors
+        grad_key, grad_value = _zero_key_value_grads(query, key, value)
+        grad_query = _chunk_grads(grad_out, grad_lse, query, key, value, lse, tuple(maps), grad_key, grad_value,
+                                  overwrite=False)
+        return grad_query, grad_key.sum_to_size(key.shape), grad_value.sum_to_size(value.shape), None
 
 
 # The chunked function is a pair of custom operators with their own autograd: torch.compile calls
@@ -254,19 +316,25 @@ def chunked_attention(query: Tensor, key: Tensor, value: Tensor, row_keys: Tenso
     ``[N or 1, H or 1, 1, Lk]``, True = valid key; ``causal``: query i sees keys j <= i (top-left
     aligned, as ``scaled_dot_product_attention``'s ``is_causal``). Returns the output
     ``[N, H, Lq, dv]`` and the clean log-normalizer ``[N, H, Lq]`` (0 for queries without keys,
-    whose output is 0)."""
+    whose output is 0). ``chunk``: queries per chunk, each chunk's map regenerated in the backward
+    pass; None: an eager call that wants a gradient keeps a map of at most :data:`STORED_ENTRIES`
+    entries, a larger one goes by chunks of about :data:`CHUNK_ENTRIES` entries."""
     if key_mask is not None and key_mask.shape[-2] != 1:
         raise ValueError(f"key_mask must be a key padding mask [..., 1, Lk], got shape {tuple(key_mask.shape)}")
-    if chunk is None:
-        chunk = chunk_size_for(query.shape[:-2].numel(), key.shape[-2])
-    if torch.compiler.is_compiling() and query.shape[:-1].numel() * key.shape[-2] <= TRACED_ENTRIES:
+    entries = query.shape[:-1].numel() * key.shape[-2]
+    settings = (row_keys, family, float(k), float(sigma), key_mask, causal, float(dropout))
+    if torch.compiler.is_compiling() and entries <= TRACED_ENTRIES:
         # small enough to trace: Inductor fuses the element-wise chain, recomputed in the backward (module doc)
-        chunks = _Chunks(query, key, row_keys, family, float(k), float(sigma), key_mask, causal, float(dropout),
-                         query.shape[-2], compiled_noise=False)
+        chunks = _Chunks(query, key, *settings, query.shape[-2], compiled_noise=False)
         return checkpoint(_forward, query, key, value, chunks, traced=True, use_reentrant=False)
     # a larger call under torch.compile: the operators stay opaque, their noise drawn by Inductor. The
     # choice travels with the call, so that its backward draws the same noise
     compiled_noise = _NOISE_COMPILED.current() or torch.compiler.is_compiling()
+    if chunk is None and entries <= STORED_ENTRIES and not torch.compiler.is_compiling() and _wants_grad(query, key, value):
+        chunks = _Chunks(query, key, *settings, query.shape[-2], compiled_noise)
+        return _StoredMapAttention.apply(query, key, value, chunks)
+    if chunk is None:
+        chunk = chunk_size_for(query.shape[:-2].numel(), key.shape[-2])
     return _chunked_attention_op(query, key, value, row_keys, key_mask, family, float(k), float(sigma), causal,
                                  float(dropout), chunk, compiled_noise)
 

@@ -129,6 +129,41 @@ def test_chunks_and_dropout_replay_in_the_backward_pass():
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("mask_kind", ["none", "padding", "causal-padding"])
+@pytest.mark.parametrize("family", ["weibull", "lognormal"])
+def test_small_maps_kept_for_the_backward_pass_give_the_regenerated_draw_and_gradients(family, mask_kind, monkeypatch):
+    """An eager call with a small map keeps its scores, weights and dropout mask for the backward
+    pass instead of drawing them again: the same output, normalizer and gradients as the chunked
+    operators, which it does not call; without a gradient, or with a larger map, the operators."""
+    import bam_pyro.fused as fused
+
+    q, k, v = inputs(lq=7, lk=7)
+    key_mask, _, causal = masks(mask_kind, 7, 7)
+    keys = noise.row_keys(torch.tensor(5), B, H)
+    probe, lse_probe = torch.randn(B, H, 7, D), torch.randn(B, H, 7)
+
+    def attend(**chunking):
+        out, lse = chunked_attention(q, k, v, keys, family, k=2.0, sigma=0.7, key_mask=key_mask, causal=causal,
+                                     dropout=0.25, **chunking)
+        return out, lse, grads([q, k, v], (out * probe).sum() + (lse * lse_probe).sum())
+
+    operator_calls = []
+    operator = fused._chunked_attention_op
+    monkeypatch.setattr(fused, "_chunked_attention_op", lambda *a: operator_calls.append(1) or operator(*a))
+    kept = attend()
+    assert not operator_calls
+    regenerated = attend(chunk=3)
+    assert operator_calls
+    for got, want in zip((kept[0], kept[1], *kept[2]), (regenerated[0], regenerated[1], *regenerated[2])):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    operator_calls.clear()
+    with torch.no_grad():
+        chunked_attention(q, k, v, keys, family, k=2.0, dropout=0.25)
+    monkeypatch.setattr(fused, "STORED_ENTRIES", B * H * 7 * 7 - 1)
+    torch.testing.assert_close(attend()[2][0], regenerated[2][0], atol=1e-6, rtol=1e-5)
+    assert len(operator_calls) == 2
+
+
 def test_noise_is_a_pure_function_of_its_counters_and_has_the_right_law():
     seed = torch.tensor(2**40 + 7)
     full = noise.noise_map(seed, torch.Size([2, 3, 40, 50]), "weibull", k=1.0)
