@@ -84,6 +84,9 @@ class _Chunks:
                  key_mask: Optional[Tensor], causal: bool, dropout: float, chunk: int, compiled_noise: bool) -> None:
         self.row_keys, self.family, self.k, self.sigma = row_keys, family, k, sigma
         self.key_mask, self.causal, self.dropout, self.chunk = key_mask, causal, dropout, chunk
+        # the dropout's 1 / (1 - p), applied on V's side (the outputs and their gradients: d numbers
+        # a row, not Lk); p = 1 keeps nothing, as torch's dropout
+        self.keep_scale = 1.0 / (1.0 - dropout) if dropout < 1.0 else 0.0
         self.draw = _compiled_chunk_noise() if compiled_noise else chunk_noise
         self.num_queries, self.num_keys = query.shape[-2], key.shape[-2]
         self.key_index = noise.counters(0, self.num_keys, query.device)
@@ -101,7 +104,7 @@ class _Chunks:
         return valid
 
     def noisy(self, scores: Tensor, start: int, stop: int) -> tuple[Tensor, Optional[Tensor]]:
-        """scores + noise of the chunk, and the dropout keep-mask scaled by 1 / (1 - p) (or None)."""
+        """scores + noise of the chunk, and the dropout keep-mask (or None), unscaled."""
         rows = noise.counters(start, stop, scores.device)
         drawn, kept = self.draw(self.row_keys, rows, self.key_index, self.family, self.k, self.sigma, self.dropout, scores.dtype)
         return drawn.add_(scores), kept
@@ -109,15 +112,14 @@ class _Chunks:
 
 def chunk_noise(row_keys: Tensor, rows: Tensor, key_index: Tensor, family: str, k: float, sigma: float, dropout: float,
                 dtype: torch.dtype) -> tuple[Tensor, Optional[Tensor]]:
-    """The noise ``[N, H, rows, keys]`` of a chunk of queries and its dropout keep-mask scaled by
-    ``1 / (1 - dropout)`` (None without dropout): the element-wise chain that
-    :func:`compile_noise` hands to Inductor."""
+    """The noise ``[N, H, rows, keys]`` of a chunk of queries and its dropout keep-mask, boolean and
+    unscaled (None without dropout): the element-wise chain that :func:`compile_noise` hands to
+    Inductor."""
     query_keys = noise.query_keys(row_keys, rows)[..., None]
     drawn = noise.log_noise(noise.entry_bits(query_keys, key_index, inplace=True), family, k, sigma, dtype)
     if not dropout:
         return drawn, None
-    kept = noise.uniform(noise.entry_bits(query_keys, key_index, noise.DROPOUT_STREAM, inplace=True), dtype) >= dropout
-    return drawn, kept.to(dtype).mul_(1.0 / (1.0 - dropout))
+    return drawn, noise.uniform(noise.entry_bits(query_keys, key_index, noise.DROPOUT_STREAM, inplace=True), dtype) >= dropout
 
 
 #: whether :func:`compile_noise` asked for the compiled noise in eager calls
@@ -126,7 +128,13 @@ _NOISE_COMPILED: PassContext[bool] = PassContext(False)
 
 @functools.cache
 def _compiled_chunk_noise() -> Callable[..., tuple[Tensor, Optional[Tensor]]]:
-    return torch.compile(chunk_noise, dynamic=True)
+    def draw(*args) -> tuple[Tensor, Optional[Tensor]]:
+        drawn, kept = chunk_noise(*args)
+        # the keep-mask as 0/1 in the noise's dtype: Inductor's CPU code writes bool tensors an
+        # order of magnitude slower than ATen (see bam_pyro.pyg.gat_conv._kept_values)
+        return drawn, None if kept is None else kept.to(drawn.dtype)
+
+    return torch.compile(draw, dynamic=True)
 
 
 @contextmanager
@@ -161,7 +169,7 @@ def _chunk_maps(query_rows: Tensor, key: Tensor, chunks: _Chunks, start: int, st
                 ) -> tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
     """One chunk of queries' maps: the clean scores with the invalid entries set to the lowest
     number, the noisy softmax weights before dropout (0 on rows without keys), the dropout
-    keep-mask scaled by ``1 / (1 - p)`` (or None) and the rows that have keys (None: all have)."""
+    keep-mask, unscaled (or None), and the rows that have keys (None: all have)."""
     scores = query_rows @ key.transpose(-1, -2)
     valid = chunks.valid(start, stop)
     has_keys = _has_keys(valid)
@@ -181,9 +189,10 @@ def _forward(query: Tensor, key: Tensor, value: Tensor, chunks: _Chunks, traced:
     outputs, normalizers = [], []
     for start, stop in chunks.ranges():
         scores, weights, kept, has_keys = _chunk_maps(query[..., start:stop, :], key, chunks, start, stop)
-        if kept is not None:
-            weights = weights * kept if traced else weights.mul_(kept)
-        outputs.append(weights @ value)
+        if kept is None:
+            outputs.append(weights @ value)
+        else:
+            outputs.append((weights * kept if traced else weights.mul_(kept)) @ value * chunks.keep_scale)
         normalizers.append(_normalizer(scores, has_keys))
     return torch.cat(outputs, dim=-2), torch.cat(normalizers, dim=-1)
 
@@ -197,12 +206,15 @@ def _zero_key_value_grads(query: Tensor, key: Tensor, value: Tensor) -> tuple[Te
 
 
 def _chunk_grads(grad_out: Tensor, grad_lse: Tensor, query_rows: Tensor, key: Tensor, value: Tensor, lse: Tensor,
-                 maps: tuple[Tensor, Tensor, Optional[Tensor]], grad_key: Tensor, grad_value: Tensor,
-                 overwrite: bool) -> Tensor:
+                 maps: tuple[Tensor, Tensor, Optional[Tensor]], keep_scale: float, grad_key: Tensor,
+                 grad_value: Tensor, overwrite: bool) -> Tensor:
     """One chunk's gradient of Q (returned); its gradients of K and V are added to ``grad_key`` and
     ``grad_value``. ``maps``: the chunk's masked clean scores, weights and keep-mask
-    (:func:`_chunk_maps`), overwritten if ``overwrite`` (regenerated for this call only)."""
+    (:func:`_chunk_maps`), overwritten if ``overwrite`` (regenerated for this call only);
+    ``keep_scale``: the dropout's ``1 / (1 - p)``."""
     scores, weights, kept = maps
+    if kept is not None:
+        grad_out = grad_out * keep_scale
     grad_weights = grad_out @ value.transpose(-1, -2)  # d loss / d (dropped weights)
     if kept is not None:
         grad_value += (weights * kept).transpose(-1, -2) @ grad_out
@@ -229,7 +241,7 @@ def _backward(grad_out: Tensor, grad_lse: Tensor, query: Tensor, key: Tensor, va
         scores, weights, kept, _ = _chunk_maps(rows, key, chunks, start, stop)
         grad_query[..., start:stop, :] = _chunk_grads(
             grad_out[..., start:stop, :], grad_lse[..., start:stop], rows, key, value, lse[..., start:stop],
-            (scores, weights, kept), grad_key, grad_value, overwrite=True)
+            (scores, weights, kept), chunks.keep_scale, grad_key, grad_value, overwrite=True)
     return grad_query, grad_key.sum_to_size(key.shape), grad_value.sum_to_size(value.shape)
 
 
@@ -242,17 +254,18 @@ class _StoredMapAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query: Tensor, key: Tensor, value: Tensor, chunks: _Chunks) -> tuple[Tensor, Tensor]:
         scores, weights, kept, has_keys = _chunk_maps(query, key, chunks, 0, chunks.num_queries)
-        out = (weights if kept is None else weights * kept) @ value
+        out = weights @ value if kept is None else (weights * kept) @ value * chunks.keep_scale
         lse = _normalizer(scores, has_keys)
         ctx.save_for_backward(query, key, value, lse, scores, weights, kept)
+        ctx.keep_scale = chunks.keep_scale
         return out, lse
 
     @staticmethod
     def backward(ctx, grad_out: Tensor, grad_lse: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
         query, key, value, lse, *maps = ctx.saved_tensors
         grad_key, grad_value = _zero_key_value_grads(query, key, value)
-        grad_query = _chunk_grads(grad_out, grad_lse, query, key, value, lse, tuple(maps), grad_key, grad_value,
-                                  overwrite=False)
+        grad_query = _chunk_grads(grad_out, grad_lse, query, key, value, lse, tuple(maps), ctx.keep_scale, grad_key,
+                                  grad_value, overwrite=False)
         return grad_query, grad_key.sum_to_size(key.shape), grad_value.sum_to_size(value.shape), None
 
 
