@@ -178,6 +178,13 @@ def _chunk_maps(query_rows: Tensor, key: Tensor, chunks: _Chunks, start: int, st
     return _masked_(scores, valid), weights, kept, has_keys
 
 
+def _floats(kept: Tensor, like: Tensor) -> Tensor:
+    """A keep-mask as 0/1 in ``like``'s dtype (itself if it is): ATen multiplies floats by bools
+    far slower than by floats (torch 2.13, CPU: 12 against 0.7 ms on MiniLM's 16 x 12 x 128 x 128
+    map, the conversion 1 ms)."""
+    return kept.to(like.dtype)
+
+
 def _normalizer(scores: Tensor, has_keys: Optional[Tensor]) -> Tensor:
     """``logsumexp`` of masked clean scores over the keys; 0 on rows without keys."""
     return _zero_empty(torch.logsumexp(scores, dim=-1, keepdim=True), has_keys).squeeze(-1)
@@ -192,6 +199,7 @@ def _forward(query: Tensor, key: Tensor, value: Tensor, chunks: _Chunks, traced:
         if kept is None:
             outputs.append(weights @ value)
         else:
+            kept = _floats(kept, weights)
             outputs.append((weights * kept if traced else weights.mul_(kept)) @ value * chunks.keep_scale)
         normalizers.append(_normalizer(scores, has_keys))
     return torch.cat(outputs, dim=-2), torch.cat(normalizers, dim=-1)
@@ -214,7 +222,7 @@ def _chunk_grads(grad_out: Tensor, grad_lse: Tensor, query_rows: Tensor, key: Te
     ``keep_scale``: the dropout's ``1 / (1 - p)``."""
     scores, weights, kept = maps
     if kept is not None:
-        grad_out = grad_out * keep_scale
+        kept, grad_out = _floats(kept, weights), grad_out * keep_scale
     grad_weights = grad_out @ value.transpose(-1, -2)  # d loss / d (dropped weights)
     if kept is not None:
         grad_value += (weights * kept).transpose(-1, -2) @ grad_out
@@ -254,7 +262,7 @@ class _StoredMapAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query: Tensor, key: Tensor, value: Tensor, chunks: _Chunks) -> tuple[Tensor, Tensor]:
         scores, weights, kept, has_keys = _chunk_maps(query, key, chunks, 0, chunks.num_queries)
-        out = weights @ value if kept is None else (weights * kept) @ value * chunks.keep_scale
+        out = weights @ value if kept is None else (weights * _floats(kept, weights)) @ value * chunks.keep_scale
         lse = _normalizer(scores, has_keys)
         ctx.save_for_backward(query, key, value, lse, scores, weights, kept)
         ctx.keep_scale = chunks.keep_scale
