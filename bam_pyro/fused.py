@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import functools
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -104,7 +104,7 @@ class _Chunks:
         return valid
 
     def noisy(self, scores: Tensor, start: int, stop: int) -> tuple[Tensor, Optional[Tensor]]:
-        """scores + noise of the chunk, and the dropout keep-mask (or None), unscaled."""
+        """scores + noise of the chunk, and the dropout keep-mask as 0/1 in the scores' dtype (or None)."""
         rows = noise.counters(start, stop, scores.device)
         drawn, kept = self.draw(self.row_keys, rows, self.key_index, self.family, self.k, self.sigma, self.dropout, scores.dtype)
         return drawn.add_(scores), kept
@@ -112,14 +112,15 @@ class _Chunks:
 
 def chunk_noise(row_keys: Tensor, rows: Tensor, key_index: Tensor, family: str, k: float, sigma: float, dropout: float,
                 dtype: torch.dtype) -> tuple[Tensor, Optional[Tensor]]:
-    """The noise ``[N, H, rows, keys]`` of a chunk of queries and its dropout keep-mask, boolean and
-    unscaled (None without dropout): the element-wise chain that :func:`compile_noise` hands to
-    Inductor."""
+    """The noise ``[N, H, rows, keys]`` of a chunk of queries and its dropout keep-mask, 0/1 in
+    ``dtype`` and unscaled (None without dropout): the element-wise chain that
+    :func:`compile_noise` hands to Inductor. Each is drawn in the memory of its hashed words."""
     query_keys = noise.query_keys(row_keys, rows)[..., None]
-    drawn = noise.log_noise(noise.entry_bits(query_keys, key_index, inplace=True), family, k, sigma, dtype)
+    drawn = noise.log_noise(noise.entry_bits(query_keys, key_index, inplace=True), family, k, sigma, dtype, inplace=True)
     if not dropout:
         return drawn, None
-    return drawn, noise.uniform(noise.entry_bits(query_keys, key_index, noise.DROPOUT_STREAM, inplace=True), dtype) >= dropout
+    kept = noise.uniform(noise.entry_bits(query_keys, key_index, noise.DROPOUT_STREAM, inplace=True), dtype, inplace=True)
+    return drawn, kept.ge_(dropout)  # 0/1 floats: ATen multiplies floats by bools far slower than by floats
 
 
 #: whether :func:`compile_noise` asked for the compiled noise in eager calls
@@ -128,13 +129,7 @@ _NOISE_COMPILED: PassContext[bool] = PassContext(False)
 
 @functools.cache
 def _compiled_chunk_noise() -> Callable[..., tuple[Tensor, Optional[Tensor]]]:
-    def draw(*args) -> tuple[Tensor, Optional[Tensor]]:
-        drawn, kept = chunk_noise(*args)
-        # the keep-mask as 0/1 in the noise's dtype: Inductor's CPU code writes bool tensors an
-        # order of magnitude slower than ATen (see bam_pyro.pyg.gat_conv._kept_values)
-        return drawn, None if kept is None else kept.to(drawn.dtype)
-
-    return torch.compile(draw, dynamic=True)
+    return torch.compile(chunk_noise, dynamic=True)
 
 
 @contextmanager
@@ -161,48 +156,74 @@ def _has_keys(valid: Optional[Tensor]) -> Optional[Tensor]:
     return None if valid is None else valid.any(dim=-1, keepdim=True)
 
 
-def _zero_empty(values: Tensor, has_keys: Optional[Tensor]) -> Tensor:
-    return values if has_keys is None else values * has_keys
+def _zero_empty(values: Tensor, has_keys: Optional[Tensor], inplace: bool = False) -> Tensor:
+    if has_keys is None:
+        return values
+    return values.mul_(has_keys) if inplace else values * has_keys
 
 
-def _chunk_maps(query_rows: Tensor, key: Tensor, chunks: _Chunks, start: int, stop: int
-                ) -> tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
-    """One chunk of queries' maps: the clean scores with the invalid entries set to the lowest
-    number, the noisy softmax weights before dropout (0 on rows without keys), the dropout
-    keep-mask, unscaled (or None), and the rows that have keys (None: all have)."""
+class _ChunkMaps(NamedTuple):
+    """One chunk of queries' maps ``[.., rows, Lk]``."""
+
+    #: the clean scores, invalid entries at the dtype's lowest number
+    scores: Tensor
+    #: the noisy softmax weights before dropout, 0 on rows without keys
+    weights: Tensor
+    #: the dropout keep-mask, 0/1 unscaled (None without dropout)
+    kept: Optional[Tensor]
+    #: ``[.., rows, 1]``: rows with at least one valid key (None: all have)
+    has_keys: Optional[Tensor]
+
+
+def _chunk_maps(query_rows: Tensor, key: Tensor, chunks: _Chunks, start: int, stop: int, traced: bool = False) -> _ChunkMaps:
+    """The maps of the queries ``start:stop``. Eagerly every step after the scores' product and the
+    noise works in place (on CPU a fresh map costs more than a pass over it: its pages are faulted
+    in anew); ``traced``: out of place, for autograd to differentiate."""
     scores = query_rows @ key.transpose(-1, -2)
     valid = chunks.valid(start, stop)
     has_keys = _has_keys(valid)
     noisy, kept = chunks.noisy(scores, start, stop)
-    weights = _zero_empty(torch.softmax(_masked_(noisy, valid), dim=-1), has_keys)
-    return _masked_(scores, valid), weights, kept, has_keys
+    noisy = _masked_(noisy, valid)
+    if traced or not noisy.is_cpu:
+        weights = torch.softmax(noisy, dim=-1)
+    else:  # in the noise's memory: ATen's CPU kernel reads each row before it writes it
+        weights = torch.ops.aten._softmax.out(noisy, -1, False, out=noisy)
+    return _ChunkMaps(_masked_(scores, valid), _zero_empty(weights, has_keys, inplace=not traced), kept, has_keys)
 
 
-def _floats(kept: Tensor, like: Tensor) -> Tensor:
-    """A keep-mask as 0/1 in ``like``'s dtype (itself if it is): ATen multiplies floats by bools
-    far slower than by floats (torch 2.13, CPU: 12 against 0.7 ms on MiniLM's 16 x 12 x 128 x 128
-    map, the conversion 1 ms)."""
-    return kept.to(like.dtype)
-
-
-def _normalizer(scores: Tensor, has_keys: Optional[Tensor]) -> Tensor:
-    """``logsumexp`` of masked clean scores over the keys; 0 on rows without keys."""
-    return _zero_empty(torch.logsumexp(scores, dim=-1, keepdim=True), has_keys).squeeze(-1)
+def _clean_softmax_(scores: Tensor, has_keys: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """``softmax`` and ``logsumexp`` over the keys of masked clean scores, the softmax written over
+    them: (probabilities, 0 on rows without keys; log-normalizer ``[.., rows]``, 0 there too)."""
+    peak = scores.amax(dim=-1, keepdim=True)  # finite: masked entries are the lowest number, not -inf
+    total = scores.sub_(peak).exp_().sum(dim=-1, keepdim=True)
+    lse = _zero_empty(peak + total.log(), has_keys).squeeze(-1)
+    return _zero_empty(scores.div_(total), has_keys, inplace=True), lse
 
 
 def _forward(query: Tensor, key: Tensor, value: Tensor, chunks: _Chunks, traced: bool = False) -> tuple[Tensor, Tensor]:
     """(Q, K, V) -> (softmax(QK^T + noise) @ V, logsumexp(QK^T)) chunk by chunk. ``traced``: for
-    autograd to differentiate (the softmax, which its backward needs, is not overwritten)."""
+    autograd to differentiate (nothing is overwritten, see :func:`_chunk_maps`)."""
     outputs, normalizers = [], []
     for start, stop in chunks.ranges():
-        scores, weights, kept, has_keys = _chunk_maps(query[..., start:stop, :], key, chunks, start, stop)
-        if kept is None:
-            outputs.append(weights @ value)
+        maps = _chunk_maps(query[..., start:stop, :], key, chunks, start, stop, traced)
+        outputs.append(_dropped_attention(maps, value, chunks.keep_scale, traced))
+        if traced:
+            normalizers.append(_zero_empty(torch.logsumexp(maps.scores, dim=-1, keepdim=True), maps.has_keys).squeeze(-1))
         else:
-            kept = _floats(kept, weights)
-            outputs.append((weights * kept if traced else weights.mul_(kept)) @ value * chunks.keep_scale)
-        normalizers.append(_normalizer(scores, has_keys))
+            normalizers.append(_clean_softmax_(maps.scores, maps.has_keys)[1])
     return torch.cat(outputs, dim=-2), torch.cat(normalizers, dim=-1)
+
+
+def _dropped(maps: _ChunkMaps, traced: bool = False) -> Tensor:
+    """The dropped weights, unscaled (the keep-mask overwritten unless ``traced``)."""
+    if maps.kept is None:
+        return maps.weights
+    return maps.weights * maps.kept if traced else maps.kept.mul_(maps.weights)
+
+
+def _dropped_attention(maps: _ChunkMaps, value: Tensor, keep_scale: float, traced: bool = False) -> Tensor:
+    out = _dropped(maps, traced) @ value
+    return out if maps.kept is None else out * keep_scale
 
 
 def _zero_key_value_grads(query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
@@ -213,28 +234,23 @@ def _zero_key_value_grads(query: Tensor, key: Tensor, value: Tensor) -> tuple[Te
     return grad_key, torch.zeros(grad_key.shape[:-1] + value.shape[-1:], dtype=value.dtype, device=value.device)
 
 
-def _chunk_grads(grad_out: Tensor, grad_lse: Tensor, query_rows: Tensor, key: Tensor, value: Tensor, lse: Tensor,
-                 maps: tuple[Tensor, Tensor, Optional[Tensor]], keep_scale: float, grad_key: Tensor,
-                 grad_value: Tensor, overwrite: bool) -> Tensor:
+def _chunk_grads(grad_out: Tensor, grad_lse: Tensor, query_rows: Tensor, key: Tensor, value: Tensor, clean: Tensor,
+                 weights: Tensor, dropped: Tensor, keep_scale: Optional[float], grad_key: Tensor, grad_value: Tensor
+                 ) -> Tensor:
     """One chunk's gradient of Q (returned); its gradients of K and V are added to ``grad_key`` and
-    ``grad_value``. ``maps``: the chunk's masked clean scores, weights and keep-mask
-    (:func:`_chunk_maps`), overwritten if ``overwrite`` (regenerated for this call only);
-    ``keep_scale``: the dropout's ``1 / (1 - p)``."""
-    scores, weights, kept = maps
-    if kept is not None:
-        kept, grad_out = _floats(kept, weights), grad_out * keep_scale
-    grad_weights = grad_out @ value.transpose(-1, -2)  # d loss / d (dropped weights)
-    if kept is not None:
-        grad_value += (weights * kept).transpose(-1, -2) @ grad_out
-        grad_weights = grad_weights.mul_(kept)
-    else:
-        grad_value += weights.transpose(-1, -2) @ grad_out
-    # softmax backward, plus the clean softmax times the normalizer's gradient
-    rows = (grad_weights * weights).sum(dim=-1, keepdim=True)
-    grad_scores = grad_weights.sub_(rows).mul_(weights)
-    # exp(scores - lse): 0 on rows without keys, whose normalizer is 0
-    clean = (scores.sub_ if overwrite else scores.sub)(lse[..., None]).exp_()
-    grad_scores.addcmul_(clean, grad_lse[..., None])
+    ``grad_value``. ``clean``: the clean softmax; ``weights``: the noisy one; ``dropped``: the
+    weights after dropout, unscaled; ``keep_scale``: the dropout's ``1 / (1 - p)`` (None without).
+    Reads the maps, writes none of them.
+
+    With ``D = keep_scale * dropped`` and ``G = grad_out @ V^T``, the weights' gradient is
+    ``keep_scale * mask * G`` and the softmax backward gives the scores' ``D * G - W * rowsum(D * G)``:
+    the mask itself is not needed."""
+    if keep_scale is not None:
+        grad_out = grad_out * keep_scale
+    grad_value += dropped.transpose(-1, -2) @ grad_out
+    grad_scores = (grad_out @ value.transpose(-1, -2)).mul_(dropped)
+    grad_scores.addcmul_(weights, grad_scores.sum(dim=-1, keepdim=True), value=-1.0)
+    grad_scores.addcmul_(clean, grad_lse[..., None])  # the normalizer's gradient
     grad_key += grad_scores.transpose(-1, -2) @ query_rows
     return grad_scores @ key
 
@@ -244,36 +260,40 @@ def _backward(grad_out: Tensor, grad_lse: Tensor, query: Tensor, key: Tensor, va
     """The gradients of Q, K and V (contiguous), chunk by chunk, the scores and the noise regenerated."""
     grad_query = query.new_empty(query.shape)
     grad_key, grad_value = _zero_key_value_grads(query, key, value)
+    keep_scale = chunks.keep_scale if chunks.dropout else None
     for start, stop in chunks.ranges():
         rows = query[..., start:stop, :]
-        scores, weights, kept, _ = _chunk_maps(rows, key, chunks, start, stop)
+        maps = _chunk_maps(rows, key, chunks, start, stop)
+        # exp(scores - lse): 0 on rows without keys, whose normalizer is 0
+        clean = maps.scores.sub_(lse[..., start:stop, None]).exp_()
         grad_query[..., start:stop, :] = _chunk_grads(
-            grad_out[..., start:stop, :], grad_lse[..., start:stop], rows, key, value, lse[..., start:stop],
-            (scores, weights, kept), chunks.keep_scale, grad_key, grad_value, overwrite=True)
+            grad_out[..., start:stop, :], grad_lse[..., start:stop], rows, key, value, clean, maps.weights,
+            _dropped(maps), keep_scale, grad_key, grad_value)
     return grad_query, grad_key.sum_to_size(key.shape), grad_value.sum_to_size(value.shape)
 
 
 class _StoredMapAttention(torch.autograd.Function):
     """The chunked function's forward and backward as one chunk that keeps its maps for the backward
-    pass (the masked clean scores, the weights and the dropout keep-mask, as soft attention keeps
-    its map) instead of drawing the noise again: for maps of at most :data:`STORED_ENTRIES`
-    entries in eager mode, where regenerating the noise cost more than keeping it (module doc)."""
+    pass (the clean softmax, the noisy one and the dropped weights: 12 bytes an entry in float32)
+    instead of drawing the noise again: for maps of at most :data:`STORED_ENTRIES` entries in eager
+    mode, where regenerating the noise cost more than keeping it (module doc)."""
 
     @staticmethod
     def forward(ctx, query: Tensor, key: Tensor, value: Tensor, chunks: _Chunks) -> tuple[Tensor, Tensor]:
-        scores, weights, kept, has_keys = _chunk_maps(query, key, chunks, 0, chunks.num_queries)
-        out = weights @ value if kept is None else (weights * _floats(kept, weights)) @ value * chunks.keep_scale
-        lse = _normalizer(scores, has_keys)
-        ctx.save_for_backward(query, key, value, lse, scores, weights, kept)
-        ctx.keep_scale = chunks.keep_scale
+        maps = _chunk_maps(query, key, chunks, 0, chunks.num_queries)
+        dropped = _dropped(maps)
+        out = dropped @ value if maps.kept is None else (dropped @ value).mul_(chunks.keep_scale)
+        clean, lse = _clean_softmax_(maps.scores, maps.has_keys)
+        ctx.save_for_backward(query, key, value, clean, maps.weights, dropped)
+        ctx.keep_scale = chunks.keep_scale if chunks.dropout else None
         return out, lse
 
     @staticmethod
     def backward(ctx, grad_out: Tensor, grad_lse: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
-        query, key, value, lse, *maps = ctx.saved_tensors
+        query, key, value, clean, weights, dropped = ctx.saved_tensors
         grad_key, grad_value = _zero_key_value_grads(query, key, value)
-        grad_query = _chunk_grads(grad_out, grad_lse, query, key, value, lse, tuple(maps), ctx.keep_scale, grad_key,
-                                  grad_value, overwrite=False)
+        grad_query = _chunk_grads(grad_out, grad_lse, query, key, value, clean, weights, dropped, ctx.keep_scale,
+                                  grad_key, grad_value)
         return grad_query, grad_key.sum_to_size(key.shape), grad_value.sum_to_size(value.shape), None
 
 

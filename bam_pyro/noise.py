@@ -113,31 +113,41 @@ def entry_bits(query_key: Tensor, key_index: Tensor, stream: int = NOISE_STREAM,
     return mix32(query_key + (key_index.to(torch.int32) + stream) * _GOLDEN, inplace)
 
 
-def uniform(bits: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Uniform in (0, 1), 24 bits of resolution (a new tensor; ``bits`` is left as it is). The top
-    draw, ``2**24 - 1 + 0.5``, is no float32 and rounds to ``2**24``, which would make u exactly 1
-    (a Gaussian of +inf, a Weibull noise of -inf: NaN weights under the Lognormal, a weight of 0
-    under the Weibull, once in 2**24 entries): it is clamped to the largest float below 1."""
-    return _shr(bits, 8).to(dtype).add_(0.5).mul_(1.0 / 2**24).clamp_(max=1.0 - torch.finfo(dtype).eps / 2)
+def uniform(bits: Tensor, dtype: torch.dtype = torch.float32, inplace: bool = False) -> Tensor:
+    """Uniform in (0, 1), 24 bits of resolution: a new tensor, or with ``inplace`` (eager CPU,
+    float32) ``bits``' own memory seen as floats (``bits`` is then spent: on CPU a fresh map-sized tensor
+    costs more than its arithmetic, its pages faulted in anew). The top draw, ``2**24 - 1 + 0.5``,
+    is no float32 and rounds to ``2**24``, which would make u exactly 1 (a Gaussian of +inf, a
+    Weibull noise of -inf: NaN weights under the Lognormal, a weight of 0 under the Weibull, once
+    in 2**24 entries): it is clamped to the largest float below 1."""
+    if inplace and bits.is_cpu and dtype.itemsize == bits.itemsize and not torch.compiler.is_compiling():
+        words = _shr(bits, 8, out=bits)
+        floats = words.view(dtype).copy_(words)  # each word converted where it lies
+    else:
+        floats = _shr(bits, 8).to(dtype)
+    return floats.add_(0.5).mul_(1.0 / 2**24).clamp_(max=1.0 - torch.finfo(dtype).eps / 2)
 
 
-def gumbel_like(bits: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """``log(-log u)``: log of a unit exponential, the Weibull noise ``k * log(S / lam)``."""
-    return uniform(bits, dtype).log_().neg_().log_()
+def gumbel_like(bits: Tensor, dtype: torch.dtype = torch.float32, inplace: bool = False) -> Tensor:
+    """``log(-log u)``: log of a unit exponential, the Weibull noise ``k * log(S / lam)``
+    (``inplace``: see :func:`uniform`)."""
+    return uniform(bits, dtype, inplace).log_().neg_().log_()
 
 
-def gaussian(bits: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Standard normal by the inverse CDF, ``sqrt(2) erfinv(2u - 1)``."""
-    return uniform(bits, dtype).mul_(2.0).sub_(1.0).erfinv_().mul_(math.sqrt(2.0))
+def gaussian(bits: Tensor, dtype: torch.dtype = torch.float32, inplace: bool = False) -> Tensor:
+    """Standard normal by the inverse CDF, ``sqrt(2) erfinv(2u - 1)`` (``inplace``: see :func:`uniform`)."""
+    return uniform(bits, dtype, inplace).mul_(2.0).sub_(1.0).erfinv_().mul_(math.sqrt(2.0))
 
 
-def log_noise(bits: Tensor, family: str, k: float | Tensor, sigma: float | Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+def log_noise(bits: Tensor, family: str, k: float | Tensor, sigma: float | Tensor, dtype: torch.dtype = torch.float32,
+              inplace: bool = False) -> Tensor:
     """What q adds to the scores before the softmax: ``g / k`` (Weibull, shape k) or
-    ``sigma * eps`` (Lognormal, scale sigma); the constants that cancel in the softmax are left out."""
+    ``sigma * eps`` (Lognormal, scale sigma); the constants that cancel in the softmax are left out
+    (``inplace``: see :func:`uniform`)."""
     if family == "weibull":
-        return gumbel_like(bits, dtype).div_(k)
+        return gumbel_like(bits, dtype, inplace).div_(k)
     if family == "lognormal":
-        return gaussian(bits, dtype).mul_(sigma)
+        return gaussian(bits, dtype, inplace).mul_(sigma)
     raise ValueError(f"no attention noise for family {family!r}")
 
 

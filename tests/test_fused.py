@@ -194,6 +194,18 @@ def test_every_32_bit_word_gives_finite_noise_strictly_inside_the_documented_ran
                        torch.tensor([(2**24 - 2 + 0.5) / 2**24], dtype=torch.float32))
 
 
+@pytest.mark.parametrize("family", ["weibull", "lognormal"])
+def test_noise_drawn_in_the_words_own_memory_is_the_noise_drawn_into_a_new_tensor(family):
+    words = torch.cat([torch.randint(-2**31, 2**31 - 1, (4, 3, 257), dtype=torch.int32).flatten(),
+                       torch.arange(-2**8, 0, dtype=torch.int32), torch.tensor([0, 2**31 - 1, -2**31], dtype=torch.int32)])
+    expected = noise.log_noise(words, family, 2.0, 0.7)
+    spent = words.clone()
+    got = noise.log_noise(spent, family, 2.0, 0.7, inplace=True)
+    assert got.data_ptr() == spent.data_ptr() and torch.equal(got, expected)
+    assert torch.equal(noise.uniform(words.clone(), inplace=True), noise.uniform(words))
+    assert torch.equal(noise.uniform(words.clone(), torch.float64, inplace=True), noise.uniform(words, torch.float64))
+
+
 def test_seeds_come_from_torch_generator_so_a_resumed_run_draws_the_same():
     attn = MultiHeadBayesianAttention(8, 2, CONFIGS["wc"]).train()
     x = torch.randn(2, 5, 8)
