@@ -24,8 +24,9 @@ from .host_reads import values_at_hand
 LOG_FLOOR = 1e-20
 
 
-def _log_floored(p: Tensor) -> Tensor:
-    return torch.log(p + LOG_FLOOR)
+def _log_floored(p: Tensor, inplace: bool = False) -> Tensor:
+    """``log(p + 1e-20)``, written over ``p`` if ``inplace``."""
+    return (p.add_(LOG_FLOOR) if inplace else p.add(LOG_FLOOR)).log_()
 
 
 class _LogNormalized(torch.autograd.Function):
@@ -44,21 +45,22 @@ class _LogNormalized(torch.autograd.Function):
     def backward(ctx, grad_phi: Tensor) -> tuple[Tensor, None]:
         (saved,) = ctx.saved_tensors
         axis = ctx.axis
+        # each map-sized intermediate is written over the one before: on CPU a fresh map costs
+        # more than a pass over it (its pages faulted in anew)
         if not axis.recompute:
             p = saved
-            g = grad_phi * p / (p + LOG_FLOOR)  # d/dp of log(p + eps), times p
-            return g - p * axis.key_sum(g), None
+            g = torch.mul(grad_phi, p).div_(p.add(LOG_FLOOR))  # d/dp of log(p + eps), times p
+            return g.sub_(p * axis.key_sum(g)), None
         shifted = torch.exp(saved)  # p + eps
         g = torch.addcdiv(grad_phi, grad_phi, shifted, value=-LOG_FLOOR)  # grad * p / (p + eps)
         # p * sum(g) with p + eps for p: off by eps * sum(g), far below float resolution
-        grad = torch.addcmul(g, shifted, axis.key_sum(g), value=-1.0)
-        return axis.zero_masked_keys(grad), None
+        return axis.zero_masked_keys(g.addcmul_(shifted, axis.key_sum(g), value=-1.0)), None
 
 
 def log_normalized(axis: AttentionAxis, values: Tensor) -> Tensor:
     """``log(softmax(values) + 1e-20)`` over each query's keys: finite everywhere."""
     if not (torch.is_grad_enabled() and values.requires_grad):
-        return _log_floored(axis.softmax(values))
+        return _log_floored(axis.softmax(values), inplace=True)
     return _LogNormalized.apply(values, axis)
 
 
@@ -78,11 +80,15 @@ class _Normalize(torch.autograd.Function):
     def backward(ctx, grad_w: Tensor) -> tuple[Tensor, None, None, None]:
         saved, total = ctx.saved_tensors
         axis = ctx.axis
+        weighted = saved * grad_w
         if axis.recompute:  # sum_j W_j g_j = sum_j S_j g_j / T, over valid keys
-            mean_grad = axis.key_sum(axis.zero_masked_keys(saved * grad_w)) / total
+            mean_grad = axis.key_sum(axis.zero_masked_keys(weighted)) / total
         else:
-            mean_grad = axis.key_sum(saved * grad_w)
-        grad_s = (grad_w - mean_grad) / total
+            mean_grad = axis.key_sum(weighted)
+        if weighted.shape == grad_w.shape:  # the gradient written over the product: no fresh map
+            grad_s = torch.sub(grad_w, mean_grad, out=weighted).div_(total)
+        else:
+            grad_s = (grad_w - mean_grad) / total
         return axis.zero_masked_keys(grad_s), None, None, None
 
 

@@ -71,7 +71,10 @@ class _ValidEntrySum(torch.autograd.Function):
         grad = aligned(grad.reshape(grad.shape + (1,) * ctx.event_dim), ctx.ndim)  # one value per map
         grads: list[Optional[Tensor]] = [None, None, None, None, None]
         if ctx.needs_input_grad[0]:
-            grad_phi = torch.addcmul(-a * grad, b * grad, torch.exp(phi))  # grad * (b e^Phi - a)
+            exp_phi = torch.exp(phi)
+            # grad * (b e^Phi - a), into e^Phi's memory where it has the result's shape (no fresh map)
+            into = exp_phi if exp_phi.shape == torch.broadcast_shapes(exp_phi.shape, a.shape, b.shape, grad.shape) else None
+            grad_phi = torch.addcmul(torch.mul(a, grad).neg_(), b * grad, exp_phi, out=into)
             if mask is not None:
                 grad_phi = grad_phi.masked_fill_(~mask, 0.0)
             grads[0] = grad_phi.sum_to_size(phi.shape)
