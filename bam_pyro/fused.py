@@ -1,4 +1,4 @@
-"""Fused Bayesian attention: ``softmax(scores + noise) @ V`` without an attention map in memory.
+"""Fused Bayesian attention: ``softmax(scores + noise) @ V`` without a large attention map in memory.
 
 For dot-product scores both variational families are the scores plus i.i.d. noise in log space
 (the constants that do not depend on the key cancel in the normalization):
@@ -23,9 +23,11 @@ Two routes:
   gradient. Memory: Q, K, V, the output and two numbers per query, plus one chunk of entries.
   Attention dropout is drawn from the same counters (a second stream), so it replays too.
   An eager call whose map is small (at most :data:`STORED_ENTRIES` entries) keeps it instead, as
-  soft attention does: one chunk, whose scores, weights and keep-mask the backward pass reads
-  rather than drawing the noise again (MiniLM at 16 x 128: the noise chain drawn twice was a
-  quarter of BAM-WC's step, `bench bert --profile`).
+  soft attention does: one chunk, whose clean softmax, noisy softmax and dropped weights (12
+  bytes an entry in float32) the backward pass reads rather than drawing the noise again
+  (MiniLM at 16 x 128: the noise chain drawn twice was a quarter of BAM-WC's step, `bench bert
+  --profile`). Eagerly each chunk's work after its product of scores runs in place: on CPU a
+  fresh map-sized tensor costs more than a pass over it.
   Under ``torch.compile``, a call whose map holds at most :data:`TRACED_ENTRIES` entries is
   instead traced as one chunk of plain tensor operations inside activation checkpointing:
   Inductor fuses the noise, the masks, the softmax and the dropout into its own loops, and the
@@ -58,7 +60,7 @@ CHUNK_ENTRIES = 2**20
 
 
 #: largest map (entries of one call) that an eager call keeps for its backward pass instead of drawing
-#: the noise again: 16 MB in float32 a map kept (scores and weights, and the dropout mask)
+#: the noise again: 48 MB in float32 (the clean and noisy softmax and the dropped weights)
 STORED_ENTRIES = 2**22
 
 

@@ -1,6 +1,6 @@
 """Counter-based attention noise: every draw is a pure function of (seed, batch, head, query, key).
 
-The fused path (:mod:`bam_pyro.fused`) never stores an attention map, so it cannot store the noise
+The fused path (:mod:`bam_pyro.fused`) stores no large attention map, so it cannot store the noise
 of one either: its backward pass draws the noise again, chunk by chunk. A stateful generator
 (``torch.rand``) cannot do that cheaply; a hash of the entry's coordinates can, in any order and
 any chunking, on any device, inside a compiled graph (random ops under ``torch.compile`` may be
