@@ -87,8 +87,10 @@ class _Chunks:
         self.row_keys, self.family, self.k, self.sigma = row_keys, family, k, sigma
         self.key_mask, self.causal, self.dropout, self.chunk = key_mask, causal, dropout, chunk
         # the dropout's 1 / (1 - p), applied on V's side (the outputs and their gradients: d numbers
-        # a row, not Lk); p = 1 keeps nothing, as torch's dropout
-        self.keep_scale = 1.0 / (1.0 - dropout) if dropout < 1.0 else 0.0
+        # a row, not Lk); None without dropout; p = 1 keeps nothing, as torch's dropout
+        self.keep_scale: Optional[float] = None
+        if dropout:
+            self.keep_scale = 1.0 / (1.0 - dropout) if dropout < 1.0 else 0.0
         self.draw = _compiled_chunk_noise() if compiled_noise else chunk_noise
         self.num_queries, self.num_keys = query.shape[-2], key.shape[-2]
         self.key_index = noise.counters(0, self.num_keys, query.device)
@@ -193,13 +195,14 @@ def _chunk_maps(query_rows: Tensor, key: Tensor, chunks: _Chunks, start: int, st
     return _ChunkMaps(_masked_(scores, valid), _zero_empty(weights, has_keys, inplace=not traced), kept, has_keys)
 
 
-def _clean_softmax_(scores: Tensor, has_keys: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    """``softmax`` and ``logsumexp`` over the keys of masked clean scores, the softmax written over
-    them: (probabilities, 0 on rows without keys; log-normalizer ``[.., rows]``, 0 there too)."""
+def _clean_normalizer_(scores: Tensor, has_keys: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """``logsumexp`` over the keys of masked clean scores, computed over them: ``exp(scores - max)``
+    written over the scores, its row sums ``[.., rows, 1]`` and the log-normalizer ``[.., rows]`` (0
+    on rows without keys). The clean softmax is the first over the second."""
     peak = scores.amax(dim=-1, keepdim=True)  # finite: masked entries are the lowest number, not -inf
-    total = scores.sub_(peak).exp_().sum(dim=-1, keepdim=True)
-    lse = _zero_empty(peak + total.log(), has_keys).squeeze(-1)
-    return _zero_empty(scores.div_(total), has_keys, inplace=True), lse
+    exps = scores.sub_(peak).exp_()
+    total = exps.sum(dim=-1, keepdim=True)
+    return exps, total, _zero_empty(peak + total.log(), has_keys).squeeze(-1)
 
 
 def _forward(query: Tensor, key: Tensor, value: Tensor, chunks: _Chunks, traced: bool = False) -> tuple[Tensor, Tensor]:
@@ -208,11 +211,11 @@ def _forward(query: Tensor, key: Tensor, value: Tensor, chunks: _Chunks, traced:
     outputs, normalizers = [], []
     for start, stop in chunks.ranges():
         maps = _chunk_maps(query[..., start:stop, :], key, chunks, start, stop, traced)
-        outputs.append(_dropped_attention(maps, value, chunks.keep_scale, traced))
+        outputs.append(_output(_dropped(maps, traced), value, chunks.keep_scale))
         if traced:
             normalizers.append(_zero_empty(torch.logsumexp(maps.scores, dim=-1, keepdim=True), maps.has_keys).squeeze(-1))
         else:
-            normalizers.append(_clean_softmax_(maps.scores, maps.has_keys)[1])
+            normalizers.append(_clean_normalizer_(maps.scores, maps.has_keys)[2])
     return torch.cat(outputs, dim=-2), torch.cat(normalizers, dim=-1)
 
 
@@ -223,9 +226,10 @@ def _dropped(maps: _ChunkMaps, traced: bool = False) -> Tensor:
     return maps.weights * maps.kept if traced else maps.kept.mul_(maps.weights)
 
 
-def _dropped_attention(maps: _ChunkMaps, value: Tensor, keep_scale: float, traced: bool = False) -> Tensor:
-    out = _dropped(maps, traced) @ value
-    return out if maps.kept is None else out * keep_scale
+def _output(dropped: Tensor, value: Tensor, keep_scale: Optional[float]) -> Tensor:
+    """The attention output of the dropped weights, scaled by the dropout's ``1 / (1 - p)``."""
+    out = dropped @ value
+    return out if keep_scale is None else out.mul_(keep_scale)  # a product's output: autograd needs it not
 
 
 def _zero_key_value_grads(query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
@@ -262,7 +266,6 @@ def _backward(grad_out: Tensor, grad_lse: Tensor, query: Tensor, key: Tensor, va
     """The gradients of Q, K and V (contiguous), chunk by chunk, the scores and the noise regenerated."""
     grad_query = query.new_empty(query.shape)
     grad_key, grad_value = _zero_key_value_grads(query, key, value)
-    keep_scale = chunks.keep_scale if chunks.dropout else None
     for start, stop in chunks.ranges():
         rows = query[..., start:stop, :]
         maps = _chunk_maps(rows, key, chunks, start, stop)
@@ -270,7 +273,7 @@ def _backward(grad_out: Tensor, grad_lse: Tensor, query: Tensor, key: Tensor, va
         clean = maps.scores.sub_(lse[..., start:stop, None]).exp_()
         grad_query[..., start:stop, :] = _chunk_grads(
             grad_out[..., start:stop, :], grad_lse[..., start:stop], rows, key, value, clean, maps.weights,
-            _dropped(maps), keep_scale, grad_key, grad_value)
+            _dropped(maps), chunks.keep_scale, grad_key, grad_value)
     return grad_query, grad_key.sum_to_size(key.shape), grad_value.sum_to_size(value.shape)
 
 
@@ -284,10 +287,11 @@ class _StoredMapAttention(torch.autograd.Function):
     def forward(ctx, query: Tensor, key: Tensor, value: Tensor, chunks: _Chunks) -> tuple[Tensor, Tensor]:
         maps = _chunk_maps(query, key, chunks, 0, chunks.num_queries)
         dropped = _dropped(maps)
-        out = dropped @ value if maps.kept is None else (dropped @ value).mul_(chunks.keep_scale)
-        clean, lse = _clean_softmax_(maps.scores, maps.has_keys)
+        out = _output(dropped, value, chunks.keep_scale)
+        exps, total, lse = _clean_normalizer_(maps.scores, maps.has_keys)
+        clean = _zero_empty(exps.div_(total), maps.has_keys, inplace=True)
         ctx.save_for_backward(query, key, value, clean, maps.weights, dropped)
-        ctx.keep_scale = chunks.keep_scale if chunks.dropout else None
+        ctx.keep_scale = chunks.keep_scale
         return out, lse
 
     @staticmethod
